@@ -1,0 +1,237 @@
+//! The flags shared by `demo` and `run`, and the parsers behind them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::guard::Deadlines;
+use crate::monitor::HangPolicy;
+use crate::probes::parse_bind_address;
+
+/// The watchdog's flags. Durations are humantime (`90s`, `5m`, `1h30m`); each flag is
+/// also read from the environment variable named beside it in `--help`.
+#[derive(Args, Debug, Clone)]
+pub struct WatchdogArgs {
+    /// Probe server address (host:port, or Go-style :port)
+    #[arg(long, env = "RECONCILE_WATCHDOG_HEALTH_PROBE_BIND_ADDRESS", value_name = "ADDR", default_value = "0.0.0.0:8081", value_parser = bind_address)]
+    pub health_probe_bind_address: SocketAddr,
+
+    /// Prometheus /metrics address (host:port, or :port); 0 disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_METRICS_BIND_ADDRESS", value_name = "ADDR", default_value = "0.0.0.0:8080", value_parser = metrics_address)]
+    pub metrics_bind_address: MetricsAddress,
+
+    /// Default deadline of one reconcile [default: 5m; demo: 3s]
+    #[arg(long, env = "RECONCILE_WATCHDOG_RECONCILE_DEADLINE", value_name = "DURATION", value_parser = positive_duration)]
+    pub reconcile_deadline: Option<Duration>,
+
+    /// Deadline for one controller, as NAME=DURATION; repeatable
+    #[arg(long, env = "RECONCILE_WATCHDOG_RECONCILE_DEADLINE_FOR", value_name = "NAME=DURATION", value_delimiter = ',', value_parser = deadline_override)]
+    pub reconcile_deadline_for: Vec<(String, Duration)>,
+
+    /// How often the watchdog scans in-flight reconciles [default: 1s; demo: 500ms]
+    #[arg(long, env = "RECONCILE_WATCHDOG_WATCHDOG_INTERVAL", value_name = "DURATION", value_parser = positive_duration)]
+    pub watchdog_interval: Option<Duration>,
+
+    /// On a hung reconcile: restart (fail liveness), cancel (cancel and requeue, escalate if that fails), report (log only)
+    #[arg(long, env = "RECONCILE_WATCHDOG_ON_HANG", value_name = "POLICY", value_enum, default_value_t = OnHang::Restart)]
+    pub on_hang: OnHang,
+
+    /// Under --on-hang cancel: cancellations of one object, within --cancel-escalation-window, that fail liveness
+    #[arg(long, env = "RECONCILE_WATCHDOG_CANCEL_ESCALATION_COUNT", value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cancel_escalation_count: u32,
+
+    /// The window --cancel-escalation-count counts in
+    #[arg(long, env = "RECONCILE_WATCHDOG_CANCEL_ESCALATION_WINDOW", value_name = "DURATION", default_value = "10m", value_parser = positive_duration)]
+    pub cancel_escalation_window: Duration,
+
+    /// Async runtime heartbeat age that fails liveness [default: 10s; demo: 3s]
+    #[arg(long, env = "RECONCILE_WATCHDOG_RUNTIME_STALL_THRESHOLD", value_name = "DURATION", value_parser = positive_duration)]
+    pub runtime_stall_threshold: Option<Duration>,
+
+    /// Drain time for in-flight reconciles on SIGTERM
+    #[arg(long, env = "RECONCILE_WATCHDOG_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    pub shutdown_grace: Duration,
+
+    /// Log format; the level comes from RUST_LOG (default info)
+    #[arg(long, env = "RECONCILE_WATCHDOG_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// The defaults that differ between `run` and `demo`.
+#[derive(Debug, Clone, Copy)]
+pub struct Defaults {
+    /// `--reconcile-deadline`.
+    pub reconcile_deadline: Duration,
+    /// `--watchdog-interval`.
+    pub watchdog_interval: Duration,
+    /// `--runtime-stall-threshold`.
+    pub runtime_stall_threshold: Duration,
+}
+
+impl Defaults {
+    /// Those of `run`, for a real operator.
+    pub const RUN: Self = Self {
+        reconcile_deadline: Duration::from_secs(300),
+        watchdog_interval: Duration::from_secs(1),
+        runtime_stall_threshold: Duration::from_secs(10),
+    };
+    /// Those of `demo`, short so that a hang shows within seconds.
+    pub const DEMO: Self = Self {
+        reconcile_deadline: Duration::from_secs(3),
+        watchdog_interval: Duration::from_millis(500),
+        runtime_stall_threshold: Duration::from_secs(3),
+    };
+}
+
+impl WatchdogArgs {
+    /// The watchdog builder these flags describe.
+    #[must_use]
+    pub fn builder(&self, defaults: Defaults) -> crate::Builder {
+        let deadline = self
+            .reconcile_deadline
+            .unwrap_or(defaults.reconcile_deadline);
+        let deadlines = self
+            .reconcile_deadline_for
+            .iter()
+            .fold(Deadlines::new(deadline), |d, (name, dur)| {
+                d.with(name.clone(), *dur)
+            });
+        crate::Watchdog::builder()
+            .deadlines(deadlines)
+            .interval(self.watchdog_interval.unwrap_or(defaults.watchdog_interval))
+            .on_hang(self.on_hang.into())
+            .cancel_limit(self.cancel_escalation_count, self.cancel_escalation_window)
+            .runtime_stall_threshold(
+                self.runtime_stall_threshold
+                    .unwrap_or(defaults.runtime_stall_threshold),
+            )
+            .probe_address(self.health_probe_bind_address)
+    }
+}
+
+/// `--on-hang`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnHang {
+    /// Fail liveness so the kubelet restarts the pod.
+    Restart,
+    /// Cancel the reconcile and requeue it; escalate to restart when that fails.
+    Cancel,
+    /// Log the hang report only.
+    Report,
+}
+
+impl From<OnHang> for HangPolicy {
+    fn from(value: OnHang) -> Self {
+        match value {
+            OnHang::Restart => Self::Restart,
+            OnHang::Cancel => Self::Cancel,
+            OnHang::Report => Self::Report,
+        }
+    }
+}
+
+/// `--log-format`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `--metrics-bind-address`: an address, or disabled by `0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAddress {
+    /// Serve /metrics here.
+    Enabled(SocketAddr),
+    /// No metrics server.
+    Disabled,
+}
+
+const DURATION_FORM: &str = "expected a duration such as 500ms, 90s, 5m or 1h30m";
+
+/// A humantime duration.
+pub fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{e}; {DURATION_FORM}"))
+}
+
+/// A humantime duration greater than zero.
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = duration(s)?;
+    if d.is_zero() {
+        return Err(format!("must be greater than zero; {DURATION_FORM}"));
+    }
+    Ok(d)
+}
+
+fn bind_address(s: &str) -> Result<SocketAddr, String> {
+    parse_bind_address(s).map_err(|e| e.to_string())
+}
+
+fn metrics_address(s: &str) -> Result<MetricsAddress, String> {
+    if s.trim() == "0" {
+        return Ok(MetricsAddress::Disabled);
+    }
+    bind_address(s)
+        .map(MetricsAddress::Enabled)
+        .map_err(|e| format!("{e}, or 0 to disable"))
+}
+
+fn deadline_override(s: &str) -> Result<(String, Duration), String> {
+    let (name, dur) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=DURATION, such as configmaps=90s, got {s:?}"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!(
+            "the controller name is empty; expected NAME=DURATION, got {s:?}"
+        ));
+    }
+    Ok((name.to_owned(), positive_duration(dur)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert!(
+            positive_duration("0s")
+                .unwrap_err()
+                .contains("greater than zero")
+        );
+        assert!(
+            duration("5 parsecs")
+                .unwrap_err()
+                .contains("expected a duration")
+        );
+    }
+
+    #[test]
+    fn overrides() {
+        assert_eq!(
+            deadline_override("web=90s"),
+            Ok(("web".into(), Duration::from_secs(90)))
+        );
+        assert!(deadline_override("web").is_err());
+        assert!(deadline_override("=90s").is_err());
+        assert!(deadline_override("web=soon").is_err());
+    }
+
+    #[test]
+    fn metrics_addresses() {
+        assert_eq!(metrics_address("0"), Ok(MetricsAddress::Disabled));
+        assert_eq!(
+            metrics_address(":8080"),
+            Ok(MetricsAddress::Enabled("0.0.0.0:8080".parse().unwrap()))
+        );
+        assert!(
+            metrics_address("nope")
+                .unwrap_err()
+                .contains("or 0 to disable")
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! One in-flight reconcile: what is fixed at registration and what each poll updates.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::task::AtomicWaker;
+
+use super::thread::{self, ThreadInfo};
+
+/// The object a reconcile works on, rendered once as `namespace/name` (or `name` for
+/// cluster-scoped objects) so that every later copy is a reference count.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ObjectKey(Arc<str>);
+
+impl ObjectKey {
+    /// A namespaced object, shown as `namespace/name`.
+    #[must_use]
+    pub fn namespaced(namespace: &str, name: &str) -> Self {
+        Self(format!("{namespace}/{name}").into())
+    }
+
+    /// A cluster-scoped object, shown as its name.
+    #[must_use]
+    pub fn cluster(name: &str) -> Self {
+        Self(name.into())
+    }
+
+    /// `namespace/name`, or `name` for a cluster-scoped object.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+/// How a guarded reconcile ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The reconcile returned `Ok`.
+    Ok,
+    /// The reconcile returned `Err`.
+    Error,
+    /// The reconcile panicked; the panic was caught.
+    Panic,
+    /// The watchdog cancelled it (`--on-hang cancel`).
+    Cancelled,
+    /// Its future was dropped before it finished (the caller gave up on it).
+    Dropped,
+}
+
+impl Outcome {
+    /// The lowercase name used in logs and metric labels.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+            Self::Panic => "panic",
+            Self::Cancelled => "cancelled",
+            Self::Dropped => "dropped",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a reconcile is inside a poll right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollState {
+    /// Not being polled: it is waiting for a wake-up.
+    Awaiting,
+    /// Inside a poll that began at this instant.
+    InPoll {
+        /// When the current poll began.
+        since: Instant,
+    },
+}
+
+/// The shared record of one in-flight reconcile. Written by the task that polls it,
+/// read by the monitor; every mutable field is an atomic so neither side takes a lock.
+pub(crate) struct Entry {
+    pub(crate) id: u64,
+    pub(crate) controller: Arc<str>,
+    pub(crate) kind: Arc<str>,
+    pub(crate) object: ObjectKey,
+    pub(crate) deadline: Duration,
+    pub(crate) started: Instant,
+    pub(crate) started_at: SystemTime,
+    /// The instant every `*_ns` field counts from (the registry's epoch).
+    epoch: Instant,
+    polls: AtomicU64,
+    /// Nanoseconds since `epoch` plus one when the current poll began; 0 outside a poll.
+    poll_began_ns: AtomicU64,
+    /// Nanoseconds since `epoch` plus one when the last poll ended; 0 before the first.
+    poll_ended_ns: AtomicU64,
+    thread: AtomicU64,
+    task_id: AtomicU64,
+    cancel_requested: AtomicBool,
+    /// Set by the monitor once it has reported this entry as hung, so that its end is
+    /// reported too.
+    reported_hung: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Entry {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: u64,
+        controller: Arc<str>,
+        kind: Arc<str>,
+        object: ObjectKey,
+        deadline: Duration,
+        epoch: Instant,
+    ) -> Self {
+        Self {
+            id,
+            controller,
+            kind,
+            object,
+            deadline,
+            started: Instant::now(),
+            started_at: SystemTime::now(),
+            epoch,
+            polls: AtomicU64::new(0),
+            poll_began_ns: AtomicU64::new(0),
+            poll_ended_ns: AtomicU64::new(0),
+            thread: AtomicU64::new(0),
+            task_id: AtomicU64::new(0),
+            cancel_requested: AtomicBool::new(false),
+            reported_hung: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    fn stamp(&self, at: Instant) -> u64 {
+        // +1 keeps 0 free to mean "never"; u64 nanoseconds last 584 years.
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX - 1)
+            + 1
+    }
+
+    fn instant(&self, stamp: u64) -> Option<Instant> {
+        (stamp != 0).then(|| self.epoch + Duration::from_nanos(stamp - 1))
+    }
+
+    /// Records the start of a poll: a clock read and a handful of relaxed stores.
+    pub(crate) fn poll_begins(&self, waker: &std::task::Waker) {
+        self.poll_began_ns
+            .store(self.stamp(Instant::now()), Ordering::Release);
+        self.polls.fetch_add(1, Ordering::Relaxed);
+        self.thread.store(thread::current_slot(), Ordering::Relaxed);
+        self.task_id
+            .store(thread::current_task_id(), Ordering::Relaxed);
+        self.waker.register(waker);
+    }
+
+    pub(crate) fn poll_ends(&self) {
+        self.poll_ended_ns
+            .store(self.stamp(Instant::now()), Ordering::Relaxed);
+        self.poll_began_ns.store(0, Ordering::Release);
+    }
+
+    pub(crate) fn cancel_requested(&self) -> bool {
+        self.cancel_requested.load(Ordering::Acquire)
+    }
+
+    /// Asks the reconcile to stop at its next poll, and wakes it so that poll comes.
+    pub(crate) fn request_cancel(&self) {
+        self.cancel_requested.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    pub(crate) fn mark_reported_hung(&self) {
+        self.reported_hung.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn was_reported_hung(&self) -> bool {
+        self.reported_hung.load(Ordering::Acquire)
+    }
+
+    /// A plain-data copy for the monitor and the debug view.
+    pub(crate) fn snapshot(&self) -> InFlight {
+        let began = self.poll_began_ns.load(Ordering::Acquire);
+        let poll = match self.instant(began) {
+            Some(since) => PollState::InPoll { since },
+            None => PollState::Awaiting,
+        };
+        let task_id = self.task_id.load(Ordering::Relaxed);
+        InFlight {
+            id: self.id,
+            controller: Arc::clone(&self.controller),
+            kind: Arc::clone(&self.kind),
+            object: self.object.clone(),
+            deadline: self.deadline,
+            started: self.started,
+            started_at: self.started_at,
+            polls: self.polls.load(Ordering::Relaxed),
+            poll,
+            last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed)),
+            thread: thread::info(self.thread.load(Ordering::Relaxed)),
+            task_id: (task_id != 0).then_some(task_id),
+            cancel_requested: self.cancel_requested(),
+        }
+    }
+}
+
+/// A point-in-time copy of one in-flight reconcile.
+#[derive(Clone, Debug)]
+pub struct InFlight {
+    /// Unique for the life of the registry.
+    pub id: u64,
+    /// The controller that runs the reconcile.
+    pub controller: Arc<str>,
+    /// The kind of the object reconciled.
+    pub kind: Arc<str>,
+    /// The object reconciled.
+    pub object: ObjectKey,
+    /// How long it may take.
+    pub deadline: Duration,
+    /// When it was registered (monotonic).
+    pub started: Instant,
+    /// When it was registered (wall clock, for reports).
+    pub started_at: SystemTime,
+    /// How many times it has been polled.
+    pub polls: u64,
+    /// Inside a poll right now, or waiting for a wake-up.
+    pub poll: PollState,
+    /// When the last poll returned, if any has.
+    pub last_poll_end: Option<Instant>,
+    /// The OS thread of the latest poll.
+    pub thread: Option<ThreadInfo>,
+    /// The tokio task of the latest poll, when it ran inside one.
+    pub task_id: Option<u64>,
+    /// The watchdog has asked it to stop.
+    pub cancel_requested: bool,
+}
+
+impl InFlight {
+    /// How long it has run at `now`.
+    #[must_use]
+    pub fn elapsed(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.started)
+    }
+
+    /// Whether it has outlived its deadline at `now`.
+    #[must_use]
+    pub fn is_overdue(&self, now: Instant) -> bool {
+        self.elapsed(now) > self.deadline
+    }
+
+    /// How long ago the last poll returned (or began, when inside one), if it was ever polled.
+    #[must_use]
+    pub fn last_poll_ago(&self, now: Instant) -> Option<Duration> {
+        match self.poll {
+            PollState::InPoll { since } => Some(now.saturating_duration_since(since)),
+            PollState::Awaiting => self
+                .last_poll_end
+                .map(|at| now.saturating_duration_since(at)),
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Timed guards around reconciles, and the registry of those in flight.
+//!
+//! Registering a reconcile inserts one entry into a [`Registry`]; the [`Guard`] that
+//! registration returns removes it on every exit path (completion, error, panic, or the
+//! future being dropped). [`Guarded`] wraps a reconcile future and records, per poll,
+//! what the monitor needs to tell an await that never woke from a poll that never
+//! returned. The hot path is one map insert and one remove per reconcile plus a few
+//! atomics per poll: no timer, no lock held across an await, no allocation per poll.
+
+mod entry;
+mod guarded;
+mod registry;
+mod thread;
+
+pub use entry::{InFlight, ObjectKey, Outcome, PollState};
+pub use guarded::{Error, Guarded};
+pub use registry::{ControllerHandle, Deadlines, Ended, Guard, Registry};
+pub use thread::ThreadInfo;

@@ -1,0 +1,325 @@
+//! The registry of in-flight reconciles and the RAII guard that keeps it honest.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use super::entry::{Entry, InFlight, ObjectKey, Outcome};
+use super::guarded::Guarded;
+
+/// Deadlines per controller: a default, and overrides by controller name.
+#[derive(Clone, Debug)]
+pub struct Deadlines {
+    default: Duration,
+    overrides: HashMap<String, Duration>,
+}
+
+impl Deadlines {
+    /// Every controller gets `default` unless overridden.
+    #[must_use]
+    pub fn new(default: Duration) -> Self {
+        Self {
+            default,
+            overrides: HashMap::new(),
+        }
+    }
+
+    /// Gives controller `name` its own deadline.
+    #[must_use]
+    pub fn with(mut self, name: impl Into<String>, deadline: Duration) -> Self {
+        self.overrides.insert(name.into(), deadline);
+        self
+    }
+
+    /// The deadline of controller `name`.
+    #[must_use]
+    pub fn for_controller(&self, name: &str) -> Duration {
+        self.overrides.get(name).copied().unwrap_or(self.default)
+    }
+
+    /// The default deadline.
+    #[must_use]
+    pub fn default_deadline(&self) -> Duration {
+        self.default
+    }
+}
+
+impl From<Duration> for Deadlines {
+    fn from(default: Duration) -> Self {
+        Self::new(default)
+    }
+}
+
+/// A reconcile that ended after the monitor had reported it hung; the monitor drains
+/// these to write the "ended after hang" event.
+#[derive(Clone, Debug)]
+pub struct Ended {
+    /// The reconcile as it was last seen.
+    pub reconcile: InFlight,
+    /// How long it ran in all.
+    pub elapsed: Duration,
+    /// How it ended.
+    pub outcome: Outcome,
+}
+
+struct Shared {
+    epoch: Instant,
+    next_id: AtomicU64,
+    in_flight: DashMap<u64, Arc<Entry>>,
+    deadlines: Deadlines,
+    // Only reconciles already reported hung land here: rare, so a plain mutex.
+    ended: Mutex<Vec<Ended>>,
+}
+
+/// The in-flight reconciles of a process. Cheap to clone: clones share one map.
+#[derive(Clone)]
+pub struct Registry {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("in_flight", &self.len())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry whose controllers get these deadlines.
+    #[must_use]
+    pub fn new(deadlines: impl Into<Deadlines>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                epoch: Instant::now(),
+                next_id: AtomicU64::new(1),
+                in_flight: DashMap::new(),
+                deadlines: deadlines.into(),
+                ended: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The deadlines this registry hands out.
+    #[must_use]
+    pub fn deadlines(&self) -> &Deadlines {
+        &self.shared.deadlines
+    }
+
+    /// A handle that registers reconciles of one controller, with that controller's
+    /// deadline resolved once here rather than on every reconcile.
+    #[must_use]
+    pub fn controller(&self, name: &str, kind: &str) -> ControllerHandle {
+        ControllerHandle {
+            registry: self.clone(),
+            name: name.into(),
+            kind: kind.into(),
+            deadline: self.shared.deadlines.for_controller(name),
+        }
+    }
+
+    /// How many reconciles are in flight.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.shared.in_flight.len()
+    }
+
+    /// Whether no reconcile is in flight.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.shared.in_flight.is_empty()
+    }
+
+    /// A copy of every in-flight reconcile. Holds each shard's read lock only while
+    /// copying it, so reconciles that start meanwhile wait at most one shard's copy.
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<InFlight> {
+        let mut out = Vec::with_capacity(self.len());
+        self.snapshot_into(&mut out);
+        out
+    }
+
+    /// Like [`snapshot`](Self::snapshot), reusing `out`'s allocation.
+    pub fn snapshot_into(&self, out: &mut Vec<InFlight>) {
+        out.clear();
+        out.extend(self.shared.in_flight.iter().map(|e| e.value().snapshot()));
+    }
+
+    /// Takes the reconciles that ended after being reported hung.
+    #[must_use]
+    pub fn take_ended(&self) -> Vec<Ended> {
+        std::mem::take(&mut *self.shared.ended.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Marks reconcile `id` as reported hung, so that its end is reported as well.
+    /// Returns false when it has already ended.
+    pub fn mark_reported_hung(&self, id: u64) -> bool {
+        match self.shared.in_flight.get(&id) {
+            Some(entry) => {
+                entry.mark_reported_hung();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Asks reconcile `id` to stop at its next poll and wakes it. Returns false when it
+    /// has already ended.
+    pub fn request_cancel(&self, id: u64) -> bool {
+        // Clone the Arc out so no shard lock is held while waking: the waker may run
+        // arbitrary code.
+        let entry = self
+            .shared
+            .in_flight
+            .get(&id)
+            .map(|e| Arc::clone(e.value()));
+        match entry {
+            Some(entry) => {
+                entry.request_cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Registers a reconcile and returns the guard that removes it again.
+    pub fn register(
+        &self,
+        controller: Arc<str>,
+        kind: Arc<str>,
+        object: ObjectKey,
+        deadline: Duration,
+    ) -> Guard {
+        let shared = &self.shared;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(Entry::new(
+            id,
+            controller,
+            kind,
+            object,
+            deadline,
+            shared.epoch,
+        ));
+        shared.in_flight.insert(id, Arc::clone(&entry));
+        Guard {
+            registry: self.clone(),
+            entry,
+            outcome: None,
+        }
+    }
+}
+
+/// Registers the reconciles of one controller.
+#[derive(Clone, Debug)]
+pub struct ControllerHandle {
+    registry: Registry,
+    name: Arc<str>,
+    kind: Arc<str>,
+    deadline: Duration,
+}
+
+impl ControllerHandle {
+    /// The controller's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The controller's deadline.
+    #[must_use]
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The registry it registers in.
+    #[must_use]
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Registers a reconcile of `object` by hand; prefer [`guard`](Self::guard).
+    pub fn register(&self, object: ObjectKey) -> Guard {
+        self.registry.register(
+            Arc::clone(&self.name),
+            Arc::clone(&self.kind),
+            object,
+            self.deadline,
+        )
+    }
+
+    /// Runs `reconcile` for `object` under a guard that records its polls.
+    pub fn guard<F, T, E>(&self, object: ObjectKey, reconcile: F) -> Guarded<F>
+    where
+        F: Future<Output = Result<T, E>>,
+    {
+        Guarded::new(self.register(object), reconcile)
+    }
+}
+
+/// Keeps one reconcile in the registry for as long as it lives.
+///
+/// Dropping it removes the entry, whatever the path: a finished reconcile, an error,
+/// a panic unwinding through it, or the future that owns it being dropped.
+#[must_use = "the reconcile leaves the registry as soon as the guard is dropped"]
+pub struct Guard {
+    registry: Registry,
+    entry: Arc<Entry>,
+    outcome: Option<Outcome>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("id", &self.entry.id)
+            .field("controller", &self.entry.controller)
+            .field("object", &self.entry.object)
+            .finish()
+    }
+}
+
+impl Guard {
+    /// The registry id of this reconcile.
+    #[must_use]
+    pub fn id(&self) -> u64 {
+        self.entry.id
+    }
+
+    /// Records how the reconcile ended; without it, a dropped guard counts as
+    /// [`Outcome::Dropped`] (or [`Outcome::Panic`] while unwinding).
+    pub fn finish(mut self, outcome: Outcome) {
+        self.outcome = Some(outcome);
+    }
+
+    pub(crate) fn entry(&self) -> &Entry {
+        &self.entry
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let shared = &self.registry.shared;
+        shared.in_flight.remove(&self.entry.id);
+        if self.entry.was_reported_hung() {
+            let outcome = self.outcome.unwrap_or(if std::thread::panicking() {
+                Outcome::Panic
+            } else {
+                Outcome::Dropped
+            });
+            let reconcile = self.entry.snapshot();
+            let ended = Ended {
+                elapsed: reconcile.started.elapsed(),
+                reconcile,
+                outcome,
+            };
+            shared
+                .ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(ended);
+        }
+    }
+}

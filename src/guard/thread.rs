@@ -1,0 +1,122 @@
+//! Which OS thread and tokio task a poll ran on, recorded without allocating per poll.
+//!
+//! Each thread gets a small number (its slot) the first time it polls a guarded
+//! reconcile; its name and kernel thread id are stored once in a process-wide table so
+//! that the per-poll cost is one thread-local read.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+
+use dashmap::DashMap;
+
+/// The OS thread a reconcile was last polled on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadInfo {
+    /// The thread's name, or `unnamed`.
+    pub name: Arc<str>,
+    /// The kernel's thread id (Linux), for `/proc/self/task/<tid>` and signals.
+    pub tid: Option<u32>,
+}
+
+static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
+static THREADS: LazyLock<DashMap<u64, ThreadInfo>> = LazyLock::new(DashMap::new);
+
+struct Slot(u64);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        THREADS.remove(&self.0);
+    }
+}
+
+thread_local! {
+    static SLOT: Slot = {
+        let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
+        let current = std::thread::current();
+        let name = current.name().unwrap_or("unnamed").into();
+        THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid() });
+        Slot(slot)
+    };
+}
+
+/// The calling thread's slot (never 0).
+pub(crate) fn current_slot() -> u64 {
+    SLOT.with(|s| s.0)
+}
+
+/// What is known of the thread in `slot`, while it lives.
+pub(crate) fn info(slot: u64) -> Option<ThreadInfo> {
+    if slot == 0 {
+        return None;
+    }
+    THREADS.get(&slot).map(|t| t.value().clone())
+}
+
+/// The current tokio task's id as a number, or 0 outside a task.
+pub(crate) fn current_task_id() -> u64 {
+    // tokio::task::Id has no public integer accessor, but it hashes as its u64.
+    struct Capture(u64);
+    impl Hasher for Capture {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+    tokio::task::try_id().map_or(0, |id| {
+        let mut h = Capture(0);
+        id.hash(&mut h);
+        h.finish()
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn kernel_tid() -> Option<u32> {
+    // "/proc/thread-self" links to "<pid>/task/<tid>": read once per thread, no unsafe.
+    let link = std::fs::read_link("/proc/thread-self").ok()?;
+    link.file_name()?.to_str()?.parse().ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn kernel_tid() -> Option<u32> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_name_their_threads() {
+        let handle = std::thread::Builder::new()
+            .name("slot-test".into())
+            .spawn(|| {
+                let slot = current_slot();
+                (slot, info(slot))
+            })
+            .unwrap();
+        let (slot, seen) = handle.join().unwrap();
+        let seen = seen.expect("info while the thread lives");
+        assert_eq!(&*seen.name, "slot-test");
+        if cfg!(target_os = "linux") {
+            assert!(seen.tid.is_some());
+        }
+        // The thread has exited: its slot is gone.
+        assert!(info(slot).is_none());
+    }
+
+    #[tokio::test]
+    async fn task_ids_match_tokio() {
+        let handle = tokio::spawn(async { (current_task_id(), tokio::task::id().to_string()) });
+        let (ours, theirs) = handle.await.unwrap();
+        assert_eq!(ours.to_string(), theirs);
+        assert_eq!(current_task_id(), 0, "outside a task");
+    }
+}

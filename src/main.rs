@@ -1,0 +1,5 @@
+//! The `reconcile-watchdog` binary: see `reconcile-watchdog --help`.
+
+fn main() -> std::process::ExitCode {
+    reconcile_watchdog::cli::main()
+}

@@ -1,0 +1,324 @@
+//! The watchdog: an OS thread that scans the registry and publishes the verdict.
+//!
+//! It uses `std::thread` and `std::time` only. tokio timers cannot fire when every
+//! worker of the runtime is blocked, and that is exactly when the watchdog must speak.
+//! The decision itself lives in [`verdict`]; [`report`] writes it to the log; this
+//! module drives the two and holds the state the health checks read.
+
+pub mod report;
+pub mod verdict;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::guard::Registry;
+use crate::health::{Check, Health};
+
+pub use report::RuntimeSample;
+pub use verdict::{Config, Decision, HangPolicy, HangState, Overdue, Verdict};
+
+/// Errors of the monitor.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The OS refused to start the monitor thread.
+    #[error("failed to start the watchdog thread")]
+    Spawn(#[source] std::io::Error),
+    /// The interval is zero.
+    #[error("the watchdog interval must be greater than zero")]
+    ZeroInterval,
+}
+
+/// A timestamp that one side touches and another reads the age of, lock-free.
+#[derive(Debug)]
+pub struct Heartbeat {
+    epoch: Instant,
+    /// Nanoseconds since `epoch` of the latest beat.
+    last_ns: AtomicU64,
+}
+
+impl Heartbeat {
+    /// A heartbeat that beat just now.
+    #[must_use]
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            epoch: Instant::now(),
+            last_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// Records a beat at `now`.
+    pub fn beat(&self, now: Instant) {
+        let ns =
+            u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
+        self.last_ns.fetch_max(ns, Ordering::Release);
+    }
+
+    /// How long before `now` the latest beat was.
+    #[must_use]
+    pub fn age(&self, now: Instant) -> Duration {
+        let last = self.epoch + Duration::from_nanos(self.last_ns.load(Ordering::Acquire));
+        now.saturating_duration_since(last)
+    }
+}
+
+/// The async runtime's heartbeat: a task on that runtime beats it every `period`. If
+/// every worker is blocked, the task cannot run and the beat grows old.
+#[derive(Debug)]
+pub struct RuntimeHeartbeat {
+    heartbeat: Arc<Heartbeat>,
+    handle: tokio::runtime::Handle,
+}
+
+impl RuntimeHeartbeat {
+    /// Spawns the beating task on `handle`'s runtime.
+    #[must_use]
+    pub fn spawn(handle: &tokio::runtime::Handle, period: Duration) -> Self {
+        let heartbeat = Heartbeat::new();
+        let beating = Arc::clone(&heartbeat);
+        handle.spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                beating.beat(Instant::now());
+            }
+        });
+        Self {
+            heartbeat,
+            handle: handle.clone(),
+        }
+    }
+
+    /// The stable metrics of the runtime, readable from any thread.
+    #[must_use]
+    pub fn sample(&self) -> RuntimeSample {
+        let m = self.handle.metrics();
+        RuntimeSample {
+            workers: m.num_workers(),
+            alive_tasks: m.num_alive_tasks(),
+            global_queue_depth: m.global_queue_depth(),
+        }
+    }
+}
+
+/// What the latest scan decided, for the health checks.
+#[derive(Debug, Default)]
+struct Published {
+    reconcilers_failure: Option<String>,
+    runtime_failure: Option<String>,
+    overdue: Vec<Overdue>,
+}
+
+/// The state the monitor publishes and the checks read.
+#[derive(Debug)]
+pub struct Status {
+    interval: Duration,
+    beat: Arc<Heartbeat>,
+    alive: AtomicBool,
+    published: Mutex<Arc<Published>>,
+}
+
+impl Status {
+    fn latest(&self) -> Arc<Published> {
+        Arc::clone(&self.published.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The overdue reconciles of the latest scan.
+    #[must_use]
+    pub fn overdue(&self) -> Vec<Overdue> {
+        self.latest().overdue.clone()
+    }
+
+    /// `watchdog`: the monitor thread lives and has scanned within 3 intervals.
+    pub fn watchdog_check(&self, now: Instant) -> Result<(), String> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err("the watchdog thread has stopped".into());
+        }
+        let age = self.beat.age(now);
+        if age > self.interval * 3 {
+            return Err(format!(
+                "the watchdog has not scanned for {} (interval {})",
+                verdict::fmt_duration(age),
+                verdict::fmt_duration(self.interval)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Reads one check's answer from the published status.
+type ReadStatus = fn(&Status) -> Result<(), String>;
+
+struct StatusCheck {
+    name: &'static str,
+    status: Arc<Status>,
+    read: ReadStatus,
+}
+
+impl Check for StatusCheck {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn check(&self) -> Result<(), String> {
+        (self.read)(&self.status)
+    }
+}
+
+/// The running watchdog thread. Dropping it stops the thread.
+#[derive(Debug)]
+pub struct Monitor {
+    status: Arc<Status>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Monitor {
+    /// Starts the watchdog over `registry`, adds its liveness checks (`watchdog`,
+    /// `reconcilers`, and `runtime` when `runtime` is given) to `health`, and returns.
+    pub fn spawn(
+        registry: Registry,
+        health: &Health,
+        config: Config,
+        runtime: Option<RuntimeHeartbeat>,
+    ) -> Result<Self, Error> {
+        if config.interval.is_zero() {
+            return Err(Error::ZeroInterval);
+        }
+        let status = Arc::new(Status {
+            interval: config.interval,
+            beat: Heartbeat::new(),
+            alive: AtomicBool::new(true),
+            published: Mutex::new(Arc::default()),
+        });
+        let checks: [(&'static str, ReadStatus); 2] = [
+            ("watchdog", |s| s.watchdog_check(Instant::now())),
+            ("reconcilers", |s| {
+                s.latest().reconcilers_failure.clone().map_or(Ok(()), Err)
+            }),
+        ];
+        for (name, read) in checks {
+            health.liveness.add(Arc::new(StatusCheck {
+                name,
+                status: Arc::clone(&status),
+                read,
+            }));
+        }
+        if runtime.is_some() {
+            health.liveness.add(Arc::new(StatusCheck {
+                name: "runtime",
+                status: Arc::clone(&status),
+                read: |s| s.latest().runtime_failure.clone().map_or(Ok(()), Err),
+            }));
+        }
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let status = Arc::clone(&status);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("reconcile-watchdog".into())
+                .spawn(move || {
+                    run(
+                        &registry,
+                        &status,
+                        &stop,
+                        Verdict::new(config),
+                        runtime.as_ref(),
+                    )
+                })
+                .map_err(Error::Spawn)?
+        };
+        Ok(Self {
+            status,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The state the checks read.
+    #[must_use]
+    pub fn status(&self) -> &Arc<Status> {
+        &self.status
+    }
+
+    /// Stops the thread and waits for it.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Clears `alive` however the thread ends, a panic included.
+struct AliveFlag<'a>(&'a AtomicBool);
+
+impl Drop for AliveFlag<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+fn run(
+    registry: &Registry,
+    status: &Status,
+    stop: &AtomicBool,
+    mut verdict: Verdict,
+    runtime: Option<&RuntimeHeartbeat>,
+) {
+    let _alive = AliveFlag(&status.alive);
+    let interval = verdict.config().interval;
+    let mut snapshot = Vec::new();
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        status.beat.beat(now);
+
+        registry.snapshot_into(&mut snapshot);
+        let ended = registry.take_ended();
+        let heartbeat_age = runtime.map(|r| r.heartbeat.age(now));
+        let decision = verdict.step(&snapshot, ended, heartbeat_age, now);
+
+        // Mark before reporting: a reconcile that ends from here on is reported ended.
+        for id in &decision.mark_hung {
+            registry.mark_reported_hung(*id);
+        }
+        for id in &decision.cancel {
+            registry.request_cancel(*id);
+        }
+        let sample = runtime.map(RuntimeHeartbeat::sample);
+        for event in &decision.events {
+            report::emit(event, now, sample);
+        }
+        *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
+            reconcilers_failure: decision.reconcilers_failure,
+            runtime_failure: decision.runtime_failure,
+            overdue: decision.overdue,
+        });
+
+        // Sleep to the next tick; park so that `stop` can wake us early. A thread that
+        // fell behind (suspended, starved) starts afresh instead of scanning in a burst.
+        next = (next + interval).max(Instant::now());
+        while !stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= next {
+                break;
+            }
+            std::thread::park_timeout(next - now);
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Turns the verdict's events into log events: the hang report.
+//!
+//! Every field of the report is a tracing field, so the `json` log format makes each a
+//! key that log tools can filter on, and the `text` format prints a line a human reads
+//! at a glance. The target is `reconcile_watchdog::hang` for every report.
+
+use std::time::{Instant, SystemTime};
+
+use crate::guard::InFlight;
+
+use super::verdict::{Event, HangState, fmt_duration};
+
+/// The log target of every hang report.
+pub const TARGET: &str = "reconcile_watchdog::hang";
+
+/// What the async runtime looked like at a stall, from its stable metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeSample {
+    /// Worker threads.
+    pub workers: usize,
+    /// Tasks alive.
+    pub alive_tasks: usize,
+    /// Tasks waiting in the global queue.
+    pub global_queue_depth: usize,
+}
+
+/// The fields shared by every per-reconcile report, rendered as strings once.
+struct Fields {
+    controller: String,
+    object: String,
+    kind: String,
+    elapsed: String,
+    deadline: String,
+    started_at: String,
+    polls: u64,
+    last_poll_ago: String,
+    thread: String,
+    task_id: String,
+}
+
+impl Fields {
+    fn of(r: &InFlight, now: Instant) -> Self {
+        Self {
+            controller: r.controller.to_string(),
+            object: r.object.to_string(),
+            kind: r.kind.to_string(),
+            elapsed: fmt_duration(r.elapsed(now)),
+            deadline: fmt_duration(r.deadline),
+            started_at: rfc3339(r.started_at),
+            polls: r.polls,
+            last_poll_ago: r
+                .last_poll_ago(now)
+                .map_or_else(|| "never polled".into(), fmt_duration),
+            thread: r.thread.as_ref().map_or_else(
+                || "unknown".into(),
+                |t| match t.tid {
+                    Some(tid) => format!("{} (tid {tid})", t.name),
+                    None => t.name.to_string(),
+                },
+            ),
+            task_id: r.task_id.map_or_else(|| "none".into(), |id| id.to_string()),
+        }
+    }
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn explain(state: HangState) -> &'static str {
+    match state {
+        HangState::Awaiting => "waiting on an await that never woke",
+        HangState::InPoll => "stuck inside a poll (a blocking call, a lock or a busy loop)",
+    }
+}
+
+/// Writes one verdict event to the log. `now` is the scan's clock; `runtime` is a
+/// sample of the runtime's metrics, used by the stall report.
+pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>) {
+    macro_rules! reconcile_event {
+        ($level:ident, $f:expr, $state:expr, $action:expr, $($msg:tt)+) => {{
+            let f = $f;
+            tracing::$level!(
+                target: TARGET,
+                controller = %f.controller,
+                object = %f.object,
+                kind = %f.kind,
+                elapsed = %f.elapsed,
+                deadline = %f.deadline,
+                started_at = %f.started_at,
+                state = %$state,
+                polls = f.polls,
+                last_poll_ago = %f.last_poll_ago,
+                thread = %f.thread,
+                task_id = %f.task_id,
+                action = %$action,
+                $($msg)+
+            );
+        }};
+    }
+
+    match event {
+        Event::Hung {
+            reconcile,
+            state,
+            action,
+        } => {
+            let f = Fields::of(reconcile, now);
+            let msg = format!(
+                "reconcile hung: {} {} has run {}, past its {} deadline; {}",
+                f.controller,
+                f.object,
+                f.elapsed,
+                f.deadline,
+                explain(*state)
+            );
+            reconcile_event!(error, f, state, action, "{msg}");
+        }
+        Event::StillHung {
+            reconcile,
+            state,
+            deadlines,
+            action,
+        } => {
+            let f = Fields::of(reconcile, now);
+            let msg = format!(
+                "reconcile still hung: {} {} has run {} ({deadlines} deadlines); {}",
+                f.controller,
+                f.object,
+                f.elapsed,
+                explain(*state)
+            );
+            reconcile_event!(warn, f, state, action, "{msg}");
+        }
+        Event::Escalated {
+            controller,
+            object,
+            reason,
+            ..
+        } => {
+            tracing::error!(
+                target: TARGET,
+                controller = %controller,
+                object = %object,
+                action = "failing liveness (restart)",
+                reason = %reason,
+                "reconcile hang escalated: {controller} {object}: {reason}; failing liveness"
+            );
+        }
+        Event::Ended(ended) => {
+            let r = &ended.reconcile;
+            tracing::info!(
+                target: TARGET,
+                controller = %r.controller,
+                object = %r.object,
+                kind = %r.kind,
+                elapsed = %fmt_duration(ended.elapsed),
+                deadline = %fmt_duration(r.deadline),
+                started_at = %rfc3339(r.started_at),
+                outcome = %ended.outcome,
+                polls = r.polls,
+                "reconcile ended after hang: {} {} finished ({}) after {}",
+                r.controller,
+                r.object,
+                ended.outcome,
+                fmt_duration(ended.elapsed)
+            );
+        }
+        Event::RuntimeStalled { age, in_poll } => {
+            let culprits = in_poll
+                .iter()
+                .map(|r| {
+                    let f = Fields::of(r, now);
+                    format!(
+                        "{} {} in a poll for {} on {}",
+                        f.controller, f.object, f.last_poll_ago, f.thread
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let sample = runtime.unwrap_or_default();
+            tracing::error!(
+                target: TARGET,
+                stalled_for = %fmt_duration(*age),
+                in_poll = %culprits,
+                workers = sample.workers,
+                alive_tasks = sample.alive_tasks,
+                global_queue_depth = sample.global_queue_depth,
+                "async runtime stalled: no heartbeat for {}; reconciles stuck inside a poll: {}",
+                fmt_duration(*age),
+                if culprits.is_empty() { "none" } else { &culprits }
+            );
+        }
+        Event::RuntimeRecovered { stalled_for } => {
+            tracing::info!(
+                target: TARGET,
+                stalled_for = %fmt_duration(*stalled_for),
+                "async runtime recovered after a stall of at least {}",
+                fmt_duration(*stalled_for)
+            );
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! One call to set up the whole watchdog: registry, monitor thread, health sets and the
+//! probe server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::guard::{Deadlines, Registry};
+use crate::health::Health;
+use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
+use crate::probes::{self, HttpServer, Probes};
+
+/// Errors of starting the watchdog.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The monitor thread did not start.
+    #[error("failed to start the monitor")]
+    Monitor(#[source] monitor::Error),
+    /// The probe server did not start.
+    #[error("failed to start the probe server")]
+    Probes(#[source] probes::Error),
+}
+
+/// Configures and starts a [`Watchdog`].
+#[derive(Debug, Clone)]
+pub struct Builder {
+    deadlines: Deadlines,
+    monitor: monitor::Config,
+    probe_address: Option<SocketAddr>,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl Builder {
+    /// Deadlines per controller (default 5 minutes).
+    #[must_use]
+    pub fn deadlines(mut self, deadlines: impl Into<Deadlines>) -> Self {
+        self.deadlines = deadlines.into();
+        self
+    }
+
+    /// How often the monitor scans (default 1 second).
+    #[must_use]
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.monitor.interval = interval;
+        self
+    }
+
+    /// What to do about an overdue reconcile (default [`HangPolicy::Restart`]).
+    #[must_use]
+    pub fn on_hang(mut self, policy: HangPolicy) -> Self {
+        self.monitor.policy = policy;
+        self
+    }
+
+    /// Heartbeat age of the watched runtime that fails liveness (default 10 seconds).
+    #[must_use]
+    pub fn runtime_stall_threshold(mut self, threshold: Duration) -> Self {
+        self.monitor.runtime_stall_threshold = threshold;
+        self
+    }
+
+    /// Under `cancel`: how many cancellations of one object within `window` fail
+    /// liveness (default 3 within 10 minutes).
+    #[must_use]
+    pub fn cancel_limit(mut self, limit: u32, window: Duration) -> Self {
+        self.monitor.cancel_limit = limit;
+        self.monitor.cancel_window = window;
+        self
+    }
+
+    /// Serves the probes on `addr` (by default no probe server is started).
+    #[must_use]
+    pub fn probe_address(mut self, addr: SocketAddr) -> Self {
+        self.probe_address = Some(addr);
+        self
+    }
+
+    /// Watches the heartbeat of the runtime behind `handle` (the `runtime` check).
+    #[must_use]
+    pub fn watch_runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// Starts the monitor thread and, if asked, the probe server.
+    pub fn start(self) -> Result<Watchdog, Error> {
+        let registry = Registry::new(self.deadlines);
+        let health = Arc::new(Health::new());
+        let heartbeat = self
+            .runtime
+            .as_ref()
+            .map(|handle| RuntimeHeartbeat::spawn(handle, self.monitor.interval / 2));
+        let monitor = Monitor::spawn(registry.clone(), &health, self.monitor, heartbeat)
+            .map_err(Error::Monitor)?;
+        let probes = self
+            .probe_address
+            .map(|addr| {
+                let probes = Probes::new(Arc::clone(&health), registry.clone());
+                HttpServer::spawn(
+                    "probe-server",
+                    addr,
+                    Arc::new(move |method, path, query| probes.respond(method, path, query)),
+                )
+            })
+            .transpose()
+            .map_err(Error::Probes)?;
+        Ok(Watchdog {
+            registry,
+            health,
+            monitor,
+            probes,
+        })
+    }
+}
+
+/// A running watchdog. Dropping it stops the monitor and the probe server.
+#[derive(Debug)]
+pub struct Watchdog {
+    registry: Registry,
+    health: Arc<Health>,
+    monitor: Monitor,
+    probes: Option<HttpServer>,
+}
+
+impl Watchdog {
+    /// A builder with the defaults of the `run` subcommand.
+    #[must_use]
+    pub fn builder() -> Builder {
+        Builder {
+            deadlines: Deadlines::new(Duration::from_secs(300)),
+            monitor: monitor::Config::default(),
+            probe_address: None,
+            runtime: None,
+        }
+    }
+
+    /// The registry to guard reconciles with.
+    #[must_use]
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The liveness and readiness sets, to add checks and latches to.
+    #[must_use]
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// The monitor.
+    #[must_use]
+    pub fn monitor(&self) -> &Monitor {
+        &self.monitor
+    }
+
+    /// Where the probe server listens, if one was started.
+    #[must_use]
+    pub fn probe_address(&self) -> Option<SocketAddr> {
+        self.probes.as_ref().map(HttpServer::local_addr)
+    }
+}
