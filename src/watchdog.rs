@@ -90,7 +90,7 @@ impl Builder {
             .runtime
             .as_ref()
             .map(|handle| RuntimeHeartbeat::spawn(handle, self.monitor.interval / 2));
-        let monitor = Monitor::spawn(registry.clone(), &health, self.monitor, heartbeat)
+        let monitor = Monitor::spawn(registry.clone(), &health, self.monitor, heartbeat, None)
             .map_err(Error::Monitor)?;
         let probes = self
             .probe_address

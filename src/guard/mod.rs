@@ -14,5 +14,5 @@ mod thread;
 
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use guarded::{Error, Guarded};
-pub use registry::{ControllerHandle, Deadlines, Ended, Guard, Registry};
+pub use registry::{ControllerHandle, Deadlines, Ended, Guard, Observer, Registry};
 pub use thread::ThreadInfo;

@@ -66,8 +66,16 @@ pub struct Ended {
     pub outcome: Outcome,
 }
 
+/// Told of every reconcile that ends (metrics, for instance). It runs on the
+/// reconcile's own thread as the guard drops, so it must be quick and must not block.
+pub trait Observer: Send + Sync + 'static {
+    /// A reconcile of `controller` ended with `outcome` after `elapsed`.
+    fn finished(&self, controller: &str, kind: &str, outcome: Outcome, elapsed: Duration);
+}
+
 struct Shared {
     epoch: Instant,
+    observer: Option<Arc<dyn Observer>>,
     next_id: AtomicU64,
     in_flight: DashMap<u64, Arc<Entry>>,
     deadlines: Deadlines,
@@ -93,12 +101,23 @@ impl Registry {
     /// An empty registry whose controllers get these deadlines.
     #[must_use]
     pub fn new(deadlines: impl Into<Deadlines>) -> Self {
+        Self::build(deadlines.into(), None)
+    }
+
+    /// Like [`new`](Self::new), telling `observer` of every reconcile that ends.
+    #[must_use]
+    pub fn with_observer(deadlines: impl Into<Deadlines>, observer: Arc<dyn Observer>) -> Self {
+        Self::build(deadlines.into(), Some(observer))
+    }
+
+    fn build(deadlines: Deadlines, observer: Option<Arc<dyn Observer>>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 epoch: Instant::now(),
+                observer,
                 next_id: AtomicU64::new(1),
                 in_flight: DashMap::new(),
-                deadlines: deadlines.into(),
+                deadlines,
                 ended: Mutex::new(Vec::new()),
             }),
         }
@@ -303,12 +322,24 @@ impl Drop for Guard {
     fn drop(&mut self) {
         let shared = &self.registry.shared;
         shared.in_flight.remove(&self.entry.id);
-        if self.entry.was_reported_hung() {
-            let outcome = self.outcome.unwrap_or(if std::thread::panicking() {
+        let outcome = || {
+            self.outcome.unwrap_or(if std::thread::panicking() {
                 Outcome::Panic
             } else {
                 Outcome::Dropped
-            });
+            })
+        };
+        if let Some(observer) = &shared.observer {
+            let entry = &self.entry;
+            observer.finished(
+                &entry.controller,
+                &entry.kind,
+                outcome(),
+                entry.started.elapsed(),
+            );
+        }
+        if self.entry.was_reported_hung() {
+            let outcome = outcome();
             let reconcile = self.entry.snapshot();
             let ended = Ended {
                 elapsed: reconcile.started.elapsed(),

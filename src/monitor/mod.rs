@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::guard::Registry;
+use crate::guard::{InFlight, Registry};
 use crate::health::{Check, Health};
 
 pub use report::RuntimeSample;
@@ -103,6 +103,25 @@ impl RuntimeHeartbeat {
     }
 }
 
+/// One finished scan, as an [`Observer`] sees it.
+#[derive(Debug)]
+pub struct Scan<'a> {
+    /// Every reconcile in flight at the scan.
+    pub in_flight: &'a [InFlight],
+    /// What the verdict decided.
+    pub decision: &'a Decision,
+    /// How long the scan took (snapshot, decision and reports).
+    pub took: Duration,
+    /// The watched runtime's heartbeat age, when one is watched.
+    pub runtime_heartbeat_age: Option<Duration>,
+}
+
+/// Told of every scan (metrics, for instance), on the monitor thread.
+pub trait Observer: Send + Sync + 'static {
+    /// A scan finished.
+    fn scanned(&self, scan: &Scan<'_>);
+}
+
 /// What the latest scan decided, for the health checks.
 #[derive(Debug, Default)]
 struct Published {
@@ -183,6 +202,7 @@ impl Monitor {
         health: &Health,
         config: Config,
         runtime: Option<RuntimeHeartbeat>,
+        observer: Option<Arc<dyn Observer>>,
     ) -> Result<Self, Error> {
         if config.interval.is_zero() {
             return Err(Error::ZeroInterval);
@@ -227,6 +247,7 @@ impl Monitor {
                         &stop,
                         Verdict::new(config),
                         runtime.as_ref(),
+                        observer.as_deref(),
                     )
                 })
                 .map_err(Error::Spawn)?
@@ -279,6 +300,7 @@ fn run(
     stop: &AtomicBool,
     mut verdict: Verdict,
     runtime: Option<&RuntimeHeartbeat>,
+    observer: Option<&dyn Observer>,
 ) {
     let _alive = AliveFlag(&status.alive);
     let interval = verdict.config().interval;
@@ -303,6 +325,14 @@ fn run(
         let sample = runtime.map(RuntimeHeartbeat::sample);
         for event in &decision.events {
             report::emit(event, now, sample);
+        }
+        if let Some(observer) = observer {
+            observer.scanned(&Scan {
+                in_flight: &snapshot,
+                decision: &decision,
+                took: now.elapsed(),
+                runtime_heartbeat_age: heartbeat_age,
+            });
         }
         *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
             reconcilers_failure: decision.reconcilers_failure,
