@@ -28,6 +28,7 @@ pub mod guard;
 pub mod health;
 pub mod monitor;
 pub mod probes;
+pub mod stack;
 pub mod watchdog;
 
 pub use watchdog::{Builder, Watchdog};
