@@ -100,6 +100,8 @@ fn syscall_name(number: i64) -> Option<&'static str> {
         (libc::SYS_flock, "flock"),
         (libc::SYS_fsync, "fsync"),
     ];
+    // `c_long` is 32 bits on some targets, the same type as i64 on others.
+    #[allow(clippy::useless_conversion)]
     COMMON
         .iter()
         .chain(ARCH_ONLY)
