@@ -28,6 +28,7 @@ pub struct Builder {
     monitor: monitor::Config,
     probe_address: Option<SocketAddr>,
     runtime: Option<tokio::runtime::Handle>,
+    diagnostics: monitor::Diagnostics,
 }
 
 impl Builder {
@@ -82,6 +83,14 @@ impl Builder {
         self
     }
 
+    /// A report of a reconcile stuck inside one poll for at least `after` carries its
+    /// thread's native stack and kernel state (default 1 second; `None` never looks).
+    #[must_use]
+    pub fn stack_capture_after(mut self, after: Option<Duration>) -> Self {
+        self.diagnostics.stack_capture_after = after;
+        self
+    }
+
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let registry = Registry::new(self.deadlines);
@@ -90,8 +99,15 @@ impl Builder {
             .runtime
             .as_ref()
             .map(|handle| RuntimeHeartbeat::spawn(handle, self.monitor.interval / 2));
-        let monitor = Monitor::spawn(registry.clone(), &health, self.monitor, heartbeat, None)
-            .map_err(Error::Monitor)?;
+        let monitor = Monitor::spawn_with_diagnostics(
+            registry.clone(),
+            &health,
+            self.monitor,
+            self.diagnostics,
+            heartbeat,
+            None,
+        )
+        .map_err(Error::Monitor)?;
         let probes = self
             .probe_address
             .map(|addr| {
@@ -131,6 +147,7 @@ impl Watchdog {
             monitor: monitor::Config::default(),
             probe_address: None,
             runtime: None,
+            diagnostics: monitor::Diagnostics::default(),
         }
     }
 

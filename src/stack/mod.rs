@@ -108,17 +108,70 @@ impl Stack {
     }
 }
 
+impl Stack {
+    /// Shows the frames up to and including the outermost one whose function name
+    /// contains `marker` (all of them when none does), and how many it leaves out.
+    #[must_use]
+    pub fn up_to<'a>(&'a self, marker: &str) -> StackDisplay<'a> {
+        let shown = self
+            .frames
+            .iter()
+            .rposition(|f| f.function.as_deref().is_some_and(|n| n.contains(marker)))
+            .map_or(self.frames.len(), |n| n + 1);
+        StackDisplay { stack: self, shown }
+    }
+}
+
 /// One frame per line, numbered from the innermost.
 impl fmt::Display for Stack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (n, frame) in self.frames.iter().enumerate() {
+        StackDisplay {
+            stack: self,
+            shown: self.frames.len(),
+        }
+        .fmt(f)
+    }
+}
+
+/// The first frames of a [`Stack`], from [`Stack::up_to`].
+#[derive(Debug)]
+pub struct StackDisplay<'a> {
+    stack: &'a Stack,
+    shown: usize,
+}
+
+impl fmt::Display for StackDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, frame) in self.stack.frames.iter().take(self.shown).enumerate() {
             if n > 0 {
                 f.write_str("\n")?;
             }
             write!(f, "{n:>3}: {frame}")?;
         }
+        let left_out = self.stack.frames.len() - self.shown;
+        if left_out > 0 {
+            write!(f, "\n     ... {left_out} frames of the runtime below")?;
+        }
         Ok(())
     }
+}
+
+/// A source path without the parts that are the same on every machine: the
+/// toolchain's hash directory and the cargo registry's index directory.
+fn short_path(path: &std::path::Path) -> String {
+    let path = path.display().to_string();
+    if path.starts_with("/rustc/") {
+        if let Some(at) = path.find("/library/") {
+            return format!("rust{}", &path[at..]);
+        }
+    }
+    if let Some(at) = path.find("/registry/src/") {
+        let rest = &path[at + "/registry/src/".len()..];
+        if let Some(slash) = rest.find('/') {
+            return rest[slash + 1..].to_owned();
+        }
+    }
+    path
 }
 
 /// Captures the native stack of thread `tid` of this process, waiting at most
@@ -165,8 +218,8 @@ fn symbolize(ips: &[usize]) -> Vec<Frame> {
         let before = frames.len();
         backtrace::resolve(std::ptr::without_provenance_mut(ip), |symbol| {
             let location = symbol.filename().map(|file| match symbol.lineno() {
-                Some(line) => format!("{}:{line}", file.display()),
-                None => file.display().to_string(),
+                Some(line) => format!("{}:{line}", short_path(file)),
+                None => short_path(file),
             });
             frames.push(Frame {
                 ip,
