@@ -160,10 +160,10 @@ impl fmt::Display for StackDisplay<'_> {
 /// toolchain's hash directory and the cargo registry's index directory.
 fn short_path(path: &std::path::Path) -> String {
     let path = path.display().to_string();
-    if path.starts_with("/rustc/") {
-        if let Some(at) = path.find("/library/") {
-            return format!("rust{}", &path[at..]);
-        }
+    if path.starts_with("/rustc/")
+        && let Some(at) = path.find("/library/")
+    {
+        return format!("rust{}", &path[at..]);
     }
     if let Some(at) = path.find("/registry/src/") {
         let rest = &path[at + "/registry/src/".len()..];
