@@ -154,6 +154,10 @@ fn demo_hang(kind: &str, expected_state: &str) {
     assert_eq!(rows[0]["overdue"], true);
     assert_eq!(rows[0]["state"], expected_state);
 
+    // In json format every log line is one JSON object.
+    for line in process.logs() {
+        assert!(serde_json::from_str::<serde_json::Value>(&line).is_ok_and(|v| v.is_object()), "{line}");
+    }
     process.child.kill().unwrap();
 }
 
