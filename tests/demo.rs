@@ -156,7 +156,10 @@ fn demo_hang(kind: &str, expected_state: &str) {
 
     // In json format every log line is one JSON object.
     for line in process.logs() {
-        assert!(serde_json::from_str::<serde_json::Value>(&line).is_ok_and(|v| v.is_object()), "{line}");
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&line).is_ok_and(|v| v.is_object()),
+            "{line}"
+        );
     }
     process.child.kill().unwrap();
 }
