@@ -43,17 +43,26 @@ fn hang_reports(process: &Process, level: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn demo_hang(kind: &str, expected_state: &str) {
-    let _serial = one_at_a_time();
-    let mut process = Process::start(&[
+/// `demo` with JSON logs, a free probe port, the test's deadline and interval, and `extra`
+/// (which sets `--duration`: the process is killed at the end of each test anyway).
+fn start_demo(extra: &[&str]) -> Process {
+    let mut args = vec![
         "demo",
         "--log-format=json",
         "--health-probe-bind-address=127.0.0.1:0",
         "--metrics-bind-address=0",
-        "--hang-after=2s",
-        &format!("--hang-kind={kind}"),
         "--reconcile-deadline=1s",
         "--watchdog-interval=250ms",
+    ];
+    args.extend_from_slice(extra);
+    Process::start(&args)
+}
+
+fn demo_hang(kind: &str, expected_state: &str) {
+    let _serial = one_at_a_time();
+    let mut process = start_demo(&[
+        "--hang-after=2s",
+        &format!("--hang-kind={kind}"),
         "--duration=60s",
     ]);
     let addr = process.probe_address();
@@ -182,17 +191,7 @@ fn busy_loop_fails_liveness_as_in_poll() {
 #[test]
 fn a_released_hang_recovers_and_is_reported_ended() {
     let _serial = one_at_a_time();
-    let mut process = Process::start(&[
-        "demo",
-        "--log-format=json",
-        "--health-probe-bind-address=127.0.0.1:0",
-        "--metrics-bind-address=0",
-        "--hang-after=1s",
-        "--hang-for=3s",
-        "--reconcile-deadline=1s",
-        "--watchdog-interval=250ms",
-        "--duration=60s",
-    ]);
+    let mut process = start_demo(&["--hang-after=1s", "--hang-for=3s", "--duration=60s"]);
     let addr = process.probe_address();
     eventually(Duration::from_secs(30), "/healthz to fail", || {
         (get(addr, "/healthz").status == 500).then_some(())
@@ -215,14 +214,7 @@ fn a_released_hang_recovers_and_is_reported_ended() {
 fn duration_ends_the_demo_with_status_zero() {
     // A worker blocked for good must not keep the process from exiting.
     let _serial = one_at_a_time();
-    let mut process = Process::start(&[
-        "demo",
-        "--health-probe-bind-address=127.0.0.1:0",
-        "--metrics-bind-address=0",
-        "--hang-kind=block",
-        "--hang-after=500ms",
-        "--duration=2s",
-    ]);
+    let mut process = start_demo(&["--hang-kind=block", "--hang-after=500ms", "--duration=2s"]);
     let status = process
         .wait(Duration::from_secs(30))
         .expect("the demo exits after --duration");
