@@ -2,7 +2,8 @@
 //! diagnostics, cancelled where it can be, escalated where it cannot, and the registry
 //! and health state clean afterwards.
 
-#[path = "hangs/support.rs"]
+#[path = "hangs/rig.rs"]
+mod rig;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,10 @@ use std::time::Duration;
 
 use reconcile_watchdog::guard::{self, ObjectKey};
 use reconcile_watchdog::monitor::{Config, HangPolicy, RuntimeHeartbeat};
-use support::{DEADLINE, INTERVAL, Rig, dump, eventually, report_of, reports, reports_of, runtime};
+use rig::{
+    DEADLINE, INTERVAL, Rig, assert_stack_shows, dump, eventually, report_of, reports, reports_of,
+    runtime,
+};
 use tracing::Level;
 
 fn object(name: &str) -> ObjectKey {
@@ -201,9 +205,10 @@ fn a_std_mutex_deadlock_is_in_poll_shows_its_stack_and_escalates_under_cancel() 
         "{}",
         dump(C)
     );
-    let stack = hung.field("stack").expect("a stack");
-    assert!(stack.contains("lock_b_while_holding_a"), "{stack}");
-    assert!(stack.contains("lock"), "{stack}");
+    assert_stack_shows(
+        hung.field("stack"),
+        &["lock_b_while_holding_a", "Mutex<T>::lock"],
+    );
     let kernel = hung.field("kernel_state").expect("kernel state");
     assert!(kernel.starts_with("state S"), "{kernel}");
     assert!(hung.field("thread").unwrap().contains("hang-test-worker"));
@@ -221,12 +226,7 @@ fn a_std_mutex_deadlock_is_in_poll_shows_its_stack_and_escalates_under_cancel() 
         "{}",
         dump(C)
     );
-    assert!(
-        escalated
-            .field("stack")
-            .unwrap()
-            .contains("lock_b_while_holding_a")
-    );
+    assert_stack_shows(escalated.field("stack"), &["lock_b_while_holding_a"]);
     let failure = eventually("reconcilers to fail", || rig.check("reconcilers").err());
     assert!(failure.contains("test/c"), "{failure}");
     assert_eq!(hung_reports(C), 1, "{}", dump(C));
@@ -265,9 +265,10 @@ fn a_long_blocking_sleep_is_in_poll_with_its_stack_and_fails_liveness_until_it_e
         r.is(Level::ERROR, "reconcile hung:")
     });
     assert_eq!(hung.field("state"), Some("in-poll"), "{}", dump(C));
-    let stack = hung.field("stack").expect("a stack");
-    assert!(stack.contains("sleep_through_the_deadline"), "{stack}");
-    assert!(stack.contains("sleep"), "{stack}");
+    assert_stack_shows(
+        hung.field("stack"),
+        &["sleep_through_the_deadline", "nanosleep"],
+    );
     let kernel = hung.field("kernel_state").expect("kernel state");
     assert!(kernel.starts_with("state S"), "{kernel}");
     assert!(
@@ -313,8 +314,7 @@ fn a_busy_loop_is_in_poll_running_and_only_reported_under_report() {
     });
     assert_eq!(hung.field("state"), Some("in-poll"), "{}", dump(C));
     assert_eq!(hung.field("action"), Some("reported only"));
-    let stack = hung.field("stack").expect("a stack");
-    assert!(stack.contains("spin_without_yielding"), "{stack}");
+    assert_stack_shows(hung.field("stack"), &["spin_without_yielding"]);
     let kernel = hung.field("kernel_state").expect("kernel state");
     assert!(kernel.contains("running"), "{kernel}");
 
@@ -419,12 +419,14 @@ fn a_wedged_runtime_fails_the_runtime_check_and_reports_every_stuck_worker_once(
         "{in_poll}"
     );
     let stack = stalled.field("stack").expect("stacks");
-    assert_eq!(stack.matches("block_worker_on").count(), 2, "{stack}");
     assert_eq!(
         stack.matches("thread hang-test-worker").count(),
         2,
         "{stack}"
     );
+    if cfg!(all(feature = "stack-capture", target_os = "linux")) {
+        assert_eq!(stack.matches("block_worker_on").count(), 2, "{stack}");
+    }
     assert!(stalled.field("kernel_state").unwrap().contains("state S"));
     // While it stays wedged, there is no second report.
     std::thread::sleep(INTERVAL * 4);

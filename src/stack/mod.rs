@@ -73,8 +73,11 @@ pub struct Frame {
     pub ip: usize,
     /// The demangled function name, when the binary has symbols.
     pub function: Option<String>,
-    /// `file:line`, when the binary has line tables.
-    pub location: Option<String>,
+    /// The source file, when the binary has line tables (toolchain and registry
+    /// prefixes shortened).
+    pub file: Option<String>,
+    /// The line in `file`.
+    pub line: Option<u32>,
 }
 
 impl fmt::Display for Frame {
@@ -83,8 +86,11 @@ impl fmt::Display for Frame {
             Some(function) => f.write_str(function)?,
             None => write!(f, "{:#x}", self.ip)?,
         }
-        if let Some(location) = &self.location {
-            write!(f, " at {location}")?;
+        if let Some(file) = &self.file {
+            write!(f, " at {file}")?;
+            if let Some(line) = self.line {
+                write!(f, ":{line}")?;
+            }
         }
         Ok(())
     }
@@ -109,14 +115,14 @@ impl Stack {
 }
 
 impl Stack {
-    /// Shows the frames up to and including the outermost one whose function name
-    /// contains `marker` (all of them when none does), and how many it leaves out.
+    /// Shows the frames up to and including the outermost one that `is_last` picks
+    /// (all of them when none is), and how many it leaves out.
     #[must_use]
-    pub fn up_to<'a>(&'a self, marker: &str) -> StackDisplay<'a> {
+    pub fn up_to(&self, is_last: impl Fn(&Frame) -> bool) -> StackDisplay<'_> {
         let shown = self
             .frames
             .iter()
-            .rposition(|f| f.function.as_deref().is_some_and(|n| n.contains(marker)))
+            .rposition(is_last)
             .map_or(self.frames.len(), |n| n + 1);
         StackDisplay { stack: self, shown }
     }
@@ -217,21 +223,19 @@ fn symbolize(ips: &[usize]) -> Vec<Frame> {
     for &ip in ips {
         let before = frames.len();
         backtrace::resolve(std::ptr::without_provenance_mut(ip), |symbol| {
-            let location = symbol.filename().map(|file| match symbol.lineno() {
-                Some(line) => format!("{}:{line}", short_path(file)),
-                None => short_path(file),
-            });
             frames.push(Frame {
                 ip,
                 function: symbol.name().map(|name| format!("{name:#}")),
-                location,
+                file: symbol.filename().map(short_path),
+                line: symbol.lineno(),
             });
         });
         if frames.len() == before {
             frames.push(Frame {
                 ip,
                 function: None,
-                location: None,
+                file: None,
+                line: None,
             });
         }
     }

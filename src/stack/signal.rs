@@ -237,3 +237,68 @@ fn interrupted_pc(context: *mut c_void) -> usize {
 fn interrupted_pc(_context: *mut c_void) -> usize {
     0
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Runs `body` on a new thread with every signal blocked, and returns its tid.
+    fn thread_with_signals_blocked(
+        body: impl FnOnce() + Send + 'static,
+    ) -> (u32, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            // SAFETY: `all` is a valid `sigset_t` to fill; pthread_sigmask only changes
+            // the calling thread's mask.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            }
+            tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+            body();
+        });
+        (rx.recv().unwrap(), handle)
+    }
+
+    #[test]
+    fn a_thread_that_never_runs_the_handler_costs_one_timeout_and_no_more() {
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let (tid, blocked) = thread_with_signals_blocked(move || {
+            let _ = stop_rx.recv();
+        });
+        let timeout = Duration::from_millis(100);
+        let started = Instant::now();
+        let err = capture(tid, Instant::now() + timeout)
+            .err()
+            .expect("no stack");
+        assert!(matches!(err, Error::Timeout { .. } | Error::Busy), "{err}");
+        assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
+
+        // The withdrawn capture leaves nothing behind: the next one, of a thread that
+        // does take signals, works.
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let normal = std::thread::spawn(move || {
+            tid_tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+            let _ = go_rx.recv();
+        });
+        let normal_tid = tid_rx.recv().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let raw = loop {
+            match capture(normal_tid, Instant::now() + Duration::from_secs(5)) {
+                Ok(raw) => break raw,
+                // Another test of this binary may be capturing at the same moment.
+                Err(Error::Busy) if Instant::now() < deadline => {}
+                Err(err) => panic!("{err}"),
+            }
+        };
+        assert!(!raw.frames.is_empty());
+        drop(go_tx);
+        normal.join().unwrap();
+        drop(stop_tx);
+        blocked.join().unwrap();
+    }
+}

@@ -1,10 +1,10 @@
-//! What the hang tests share: a capture of the hang reports, a monitor with short
-//! intervals, and waiting for a condition with a generous bound.
+//! The hang tests' rig: a capture of the hang reports, and a real monitor with short
+//! intervals.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reconcile_watchdog::guard::Registry;
 use reconcile_watchdog::health::Health;
@@ -99,6 +99,22 @@ pub fn reports_of(controller: &str) -> Vec<Report> {
     reports(|r| r.field("controller") == Some(controller))
 }
 
+/// Asserts that `stack` (a report's `stack` field) shows every one of `frames`; in a
+/// build without stack capture, that it says why it has none instead.
+pub fn assert_stack_shows(stack: Option<&str>, frames: &[&str]) {
+    let stack = stack.expect("a stack field");
+    if cfg!(all(feature = "stack-capture", target_os = "linux")) {
+        for frame in frames {
+            assert!(stack.contains(frame), "no {frame} in:\n{stack}");
+        }
+    } else {
+        assert!(
+            stack.starts_with("unavailable: stack capture is unavailable"),
+            "{stack}"
+        );
+    }
+}
+
 /// Every report about `controller`, for a failure message.
 pub fn dump(controller: &str) -> String {
     let mut out = String::new();
@@ -109,15 +125,8 @@ pub fn dump(controller: &str) -> String {
 }
 
 /// Waits until `condition` returns Some, failing with `what` after [`PATIENCE`].
-pub fn eventually<T>(what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = condition() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+pub fn eventually<T>(what: &str, condition: impl FnMut() -> Option<T>) -> T {
+    crate::support::eventually(PATIENCE, what, condition)
 }
 
 /// The first report about `controller` that `matches`, once it is written.
