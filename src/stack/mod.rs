@@ -164,6 +164,7 @@ impl fmt::Display for StackDisplay<'_> {
 
 /// A source path without the parts that are the same on every machine: the
 /// toolchain's hash directory and the cargo registry's index directory.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn short_path(path: &std::path::Path) -> String {
     let path = path.display().to_string();
     if path.starts_with("/rustc/")
