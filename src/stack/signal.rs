@@ -12,7 +12,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -28,14 +28,21 @@ const SIGNAL_OFFSET: c_int = 7;
 // The capture's life: the caller arms it, the handler on the target thread claims it
 // (ARMED -> WRITING) and completes it (DONE); the caller reads it and goes back to
 // IDLE, or withdraws an armed capture that timed out (ARMED -> IDLE).
-const IDLE: u8 = 0;
-const ARMED: u8 = 1;
-const WRITING: u8 = 2;
-const DONE: u8 = 3;
+const IDLE: u64 = 0;
+const ARMED: u64 = 1;
+const WRITING: u64 = 2;
+const DONE: u64 = 3;
+const PHASE_BITS: u32 = 8;
+const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
 
-static STATE: AtomicU8 = AtomicU8::new(IDLE);
-/// The kernel tid the armed capture is for; a handler on any other thread does nothing.
-static TARGET: AtomicI32 = AtomicI32::new(0);
+/// The phase of the capture and the kernel tid it is for, in one word, so that a
+/// handler claims it only if it is armed *for its own thread*, in one atomic step (a
+/// late signal from an earlier capture must not fill in a later one).
+static STATE: AtomicU64 = AtomicU64::new(IDLE);
+
+fn state(tid: u32, phase: u64) -> u64 {
+    (u64::from(tid) << PHASE_BITS) | phase
+}
 static FRAMES: [AtomicUsize; MAX_FRAMES] = [const { AtomicUsize::new(0) }; MAX_FRAMES];
 static LEN: AtomicUsize = AtomicUsize::new(0);
 /// The instruction pointer the signal interrupted, 0 when this platform cannot tell.
@@ -77,14 +84,18 @@ pub(super) fn capture(tid: u32, deadline: Instant) -> Result<Raw, Error> {
     };
     // A handler that finished after its capture gave up left DONE behind; one still
     // WRITING is stuck inside the unwinder, and the buffer stays its own.
-    let _ = STATE.compare_exchange(DONE, IDLE, Ordering::AcqRel, Ordering::Acquire);
-    if STATE.load(Ordering::Acquire) != IDLE {
-        return Err(Error::Busy);
+    let current = STATE.load(Ordering::Acquire);
+    match current & PHASE_MASK {
+        IDLE => {}
+        DONE => {
+            // Only this function leaves IDLE, and it holds the lock: no race.
+            STATE.store(IDLE, Ordering::Release);
+        }
+        _ => return Err(Error::Busy),
     }
     LEN.store(0, Ordering::Relaxed);
     PC.store(0, Ordering::Relaxed);
-    TARGET.store(target, Ordering::Release);
-    STATE.store(ARMED, Ordering::Release);
+    STATE.store(state(tid, ARMED), Ordering::Release);
 
     // SAFETY: tgkill takes plain integers and touches no memory of ours; `getpid` has
     // no preconditions. A tid that has exited (or belongs to no thread of this process)
@@ -97,7 +108,7 @@ pub(super) fn capture(tid: u32, deadline: Instant) -> Result<Raw, Error> {
     }
 
     loop {
-        if STATE.load(Ordering::Acquire) == DONE {
+        if STATE.load(Ordering::Acquire) == state(tid, DONE) {
             let len = LEN.load(Ordering::Relaxed).min(MAX_FRAMES);
             let frames = FRAMES[..len]
                 .iter()
@@ -114,9 +125,9 @@ pub(super) fn capture(tid: u32, deadline: Instant) -> Result<Raw, Error> {
             // Withdraw, unless the handler has claimed it meanwhile; then it is either
             // done at the next look or stuck, and the next capture finds out which.
             if STATE
-                .compare_exchange(ARMED, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(state(tid, ARMED), IDLE, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
-                || STATE.load(Ordering::Acquire) != DONE
+                || STATE.load(Ordering::Acquire) != state(tid, DONE)
             {
                 return Err(Error::Timeout { tid });
             }
@@ -173,34 +184,46 @@ extern "C" fn on_signal(_signal: c_int, _info: *mut libc::siginfo_t, context: *m
     // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for
     // the thread's life; the handler restores it so the interrupted code sees its own.
     let errno = unsafe { *libc::__errno_location() };
-    // SAFETY: gettid is a system call without arguments or preconditions.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    if i64::from(TARGET.load(Ordering::Acquire)) == tid
-        && STATE
-            .compare_exchange(ARMED, WRITING, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    {
-        PC.store(interrupted_pc(context), Ordering::Relaxed);
-        let mut len = 0;
-        // SAFETY: unwinds the current thread's own stack, live for the whole call.
-        // The variant is unsafe only because it skips the crate's global lock, which
-        // a signal handler must not take (the interrupted code may hold it). The
-        // closure only stores into preallocated atomics: no allocation, no
-        // formatting, and no panic (the index is checked).
-        unsafe {
-            backtrace::trace_unsynchronized(|frame| {
-                if let Some(slot) = FRAMES.get(len) {
-                    slot.store(frame.ip() as usize, Ordering::Relaxed);
-                    len += 1;
-                }
-                len < MAX_FRAMES
-            });
-        }
-        LEN.store(len, Ordering::Relaxed);
-        STATE.store(DONE, Ordering::Release);
-    }
+    record_if_armed_for_this_thread(context);
     // SAFETY: as above, this thread's errno slot.
     unsafe { *libc::__errno_location() = errno };
+}
+
+fn record_if_armed_for_this_thread(context: *mut c_void) {
+    // SAFETY: gettid is a system call without arguments or preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let Ok(tid) = u32::try_from(tid) else {
+        return;
+    };
+    if STATE
+        .compare_exchange(
+            state(tid, ARMED),
+            state(tid, WRITING),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_err()
+    {
+        return;
+    }
+    PC.store(interrupted_pc(context), Ordering::Relaxed);
+    let mut len = 0;
+    // SAFETY: unwinds the current thread's own stack, live for the whole call. The
+    // variant is unsafe only because it skips the crate's global lock, which a signal
+    // handler must not take (the interrupted code may hold it). The closure only stores
+    // into preallocated atomics: no allocation, no formatting, and no panic (the index
+    // is checked).
+    unsafe {
+        backtrace::trace_unsynchronized(|frame| {
+            if let Some(slot) = FRAMES.get(len) {
+                slot.store(frame.ip() as usize, Ordering::Relaxed);
+                len += 1;
+            }
+            len < MAX_FRAMES
+        });
+    }
+    LEN.store(len, Ordering::Relaxed);
+    STATE.store(state(tid, DONE), Ordering::Release);
 }
 
 /// The instruction pointer saved in the signal's context: where the thread was.
