@@ -77,6 +77,7 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         .map_err(Error::Runtime)?;
     let watchdog = builder.watch_runtime(runtime.handle().clone()).start()?;
     let probe = watchdog.probe_address().map(loopback);
+    let metrics = watchdog.metrics_address().map(loopback);
 
     let hung = &CONTROLLERS[HUNG_CONTROLLER];
     println!(
@@ -92,6 +93,9 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         println!(
             "probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose http://{addr}/debug/reconciles"
         );
+    }
+    if let Some(addr) = metrics {
+        println!("metrics: http://{addr}/metrics");
     }
 
     let handles: Vec<ControllerHandle> = CONTROLLERS

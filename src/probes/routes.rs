@@ -218,7 +218,8 @@ fn route(path: &str) -> Route<'_> {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<String> {
+/// A plain-text response with the headers every probe answer carries.
+pub(crate) fn text(status: StatusCode, body: String) -> Response<String> {
     let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
