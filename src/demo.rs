@@ -94,8 +94,9 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
             "probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose http://{addr}/debug/reconciles"
         );
     }
-    if let Some(addr) = metrics {
-        println!("metrics: http://{addr}/metrics");
+    match metrics {
+        Some(addr) => println!("metrics: http://{addr}/metrics"),
+        None => println!("metrics: off"),
     }
 
     let handles: Vec<ControllerHandle> = CONTROLLERS
