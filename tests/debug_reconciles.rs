@@ -1,7 +1,7 @@
 //! `GET /debug/reconciles` over HTTP: the JSON schema is pinned here, field by field,
 //! and must match the table in `docs/operations.md`.
 
-mod common;
+mod support;
 
 use std::future::pending;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::{Deadlines, ObjectKey};
 use serde_json::Value;
 
-use common::{get, poll_until};
+use support::{eventually, get};
 
 /// Every field of a row and its JSON type, as documented.
 const SCHEMA: [(&str, &str); 13] = [
@@ -94,10 +94,7 @@ fn debug_reconciles_serves_the_pinned_schema_sorted_overdue_first() {
         .probe_address("127.0.0.1:0".parse().unwrap())
         .start()
         .unwrap();
-    let url = format!(
-        "http://{}/debug/reconciles",
-        watchdog.probe_address().unwrap()
-    );
+    let addr = watchdog.probe_address().unwrap();
     let registry = watchdog.registry();
 
     // Overdue and never polled: the nullable fields are null.
@@ -115,18 +112,14 @@ fn debug_reconciles_serves_the_pinned_schema_sorted_overdue_first() {
         .controller("young", "Secret")
         .register(ObjectKey::cluster("fresh"));
 
-    let rows = poll_until(Duration::from_secs(30), "three rows, one polled", || {
-        let response = get(&url).map_err(|e| e.to_string())?;
+    let rows = eventually(Duration::from_secs(30), "three rows, one polled", || {
+        let response = get(addr, "/debug/reconciles");
         assert_eq!(response.status, 200);
         assert_eq!(response.header("content-type"), Some("application/json"));
         let rows: Vec<Value> = serde_json::from_str(&response.body)
             .unwrap_or_else(|e| panic!("not a JSON array ({e}): {}", response.body));
         let polled = rows.iter().any(|r| r["polls"].as_u64() >= Some(1));
-        if rows.len() == 3 && polled {
-            Ok(rows)
-        } else {
-            Err(response.body)
-        }
+        (rows.len() == 3 && polled).then_some(rows)
     });
 
     for row in &rows {

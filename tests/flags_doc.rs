@@ -2,12 +2,12 @@
 //! whose table names exactly its flags, with their environment variables and defaults.
 //! Sections for subcommands this build does not have are not checked.
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use common::BIN;
+use support::BIN;
 
 /// A flag as documented or as `--help` shows it: (environment variable, default).
 type Flags = BTreeMap<String, (String, String)>;

@@ -1,20 +1,41 @@
 //! `/metrics` of the real binary: the exposition parses strictly as OpenMetrics, and
 //! its values move as the demo's hang begins and ends.
 
-mod common;
+mod support;
 
+use std::net::SocketAddr;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use common::openmetrics::{self, Exposition};
-use common::{Demo, get, poll_until};
+use support::openmetrics::{self, Exposition};
+use support::{Process, eventually, get};
 
 const CERTS: (&str, &str) = ("controller", "cert-renewer");
 
-fn scrape(url: &str) -> Result<Exposition, String> {
-    let response = get(url).map_err(|e| e.to_string())?;
-    if response.status != 200 {
-        return Err(format!("status {}: {}", response.status, response.body));
-    }
+/// Polls `f` until it returns Ok, like [`eventually`], and on time-out also says what
+/// `f` saw last.
+fn until<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let mut last = String::new();
+    let polled = catch_unwind(AssertUnwindSafe(|| {
+        eventually(timeout, what, || f().map_err(|seen| last = seen).ok())
+    }));
+    polled.unwrap_or_else(|_| panic!("timed out waiting for {what}; last seen: {last}"))
+}
+
+/// `demo` on free loopback ports for the probes and metrics, with `extra`.
+fn start_demo(extra: &[&str]) -> Process {
+    let mut args = vec![
+        "demo",
+        "--health-probe-bind-address=127.0.0.1:0",
+        "--metrics-bind-address=127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    Process::start(&args)
+}
+
+fn scrape(addr: SocketAddr) -> Result<Exposition, String> {
+    let response = get(addr, "/metrics");
+    assert_eq!(response.status, 200, "{}", response.body);
     assert_eq!(
         response.header("content-type"),
         Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
@@ -54,27 +75,21 @@ fn slow_certs(e: &Exposition) -> Result<f64, String> {
 #[test]
 fn metrics_follow_the_demo_hang() {
     // The hang starts 1 s in, is overdue from 2 s, and ends at about 7 s.
-    let demo = Demo::start(&[
-        "--hang-after",
-        "1s",
-        "--hang-for",
-        "6s",
-        "--reconcile-deadline",
-        "1s",
-        "--watchdog-interval",
-        "200ms",
-        "--duration",
-        "120s",
+    let demo = start_demo(&[
+        "--hang-after=1s",
+        "--hang-for=6s",
+        "--reconcile-deadline=1s",
+        "--watchdog-interval=200ms",
+        "--duration=120s",
     ]);
     let url = demo
-        .metrics
-        .clone()
+        .metrics_address()
         .expect("the demo prints its metrics URL");
     let wait = Duration::from_secs(60);
 
     // Work flows and is counted for every controller.
-    let before = poll_until(wait, "reconciles of every controller", || {
-        let e = scrape(&url)?;
+    let before = until(wait, "reconciles of every controller", || {
+        let e = scrape(url)?;
         for controller in ["configmap-sync", "deployment-scaler", "cert-renewer"] {
             let done = value(
                 &e,
@@ -108,8 +123,8 @@ fn metrics_follow_the_demo_hang() {
     assert_eq!(check(&before, "ping"), Ok(1.0));
 
     // The hang: counted once, overdue, liveness failing; the others stay clean.
-    poll_until(wait, "the hang to show", || {
-        let e = scrape(&url)?;
+    until(wait, "the hang to show", || {
+        let e = scrape(url)?;
         let seen = (
             value(
                 &e,
@@ -138,8 +153,8 @@ fn metrics_follow_the_demo_hang() {
     });
 
     // The end: nothing overdue, liveness passes, the long reconcile is in the histogram.
-    let after = poll_until(wait, "the hang to end", || {
-        let e = scrape(&url)?;
+    let after = until(wait, "the hang to end", || {
+        let e = scrape(url)?;
         let seen = (
             value(&e, "reconcile_watchdog_reconciles_overdue", &[CERTS])?,
             check(&e, "reconcilers")?,
@@ -175,10 +190,14 @@ fn metrics_follow_the_demo_hang() {
 
 #[test]
 fn zero_disables_the_metrics_server() {
-    let demo = Demo::start(&["--metrics-bind-address", "0", "--duration", "60s"]);
-    assert_eq!(demo.metrics, None);
-    let probes = get(&format!("{}/healthz", demo.probes)).expect("probes answer");
-    assert_eq!(probes.status, 200);
+    let demo = Process::start(&[
+        "demo",
+        "--health-probe-bind-address=127.0.0.1:0",
+        "--metrics-bind-address=0",
+        "--duration=60s",
+    ]);
+    assert_eq!(demo.metrics_address(), None);
+    assert_eq!(get(demo.probe_address(), "/healthz").status, 200);
 }
 
 #[test]
