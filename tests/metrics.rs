@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
+use reconcile_watchdog::Watchdog;
+use reconcile_watchdog::guard::{ObjectKey, Outcome};
 use support::openmetrics::{self, Exposition};
 use support::{Process, eventually, get};
 
@@ -186,6 +188,49 @@ fn metrics_follow_the_demo_hang() {
     );
     let scans = |e: &Exposition| value(e, "reconcile_watchdog_scan_duration_seconds_count", &[]);
     assert!(scans(&after).unwrap() > scans(&before).unwrap());
+}
+
+#[test]
+fn the_builder_serves_metrics_fed_by_its_registry() {
+    let without = Watchdog::builder().start().unwrap();
+    assert!(without.metrics().is_none() && without.metrics_address().is_none());
+
+    let watchdog = Watchdog::builder()
+        .interval(Duration::from_millis(20))
+        .metrics_address("127.0.0.1:0".parse::<SocketAddr>().unwrap())
+        .start()
+        .unwrap();
+    let addr = watchdog.metrics_address().expect("a metrics server");
+    let jobs = watchdog.registry().controller("jobs", "Job");
+    jobs.register(ObjectKey::cluster("a"))
+        .finish(Outcome::Error);
+    let _running = jobs.register(ObjectKey::cluster("b"));
+    let e = until(
+        Duration::from_secs(30),
+        "a scan that sees the running job",
+        || {
+            let e = scrape(addr)?;
+            match value(
+                &e,
+                "reconcile_watchdog_reconciles_in_flight",
+                &[("controller", "jobs")],
+            )? {
+                1.0 => Ok(e),
+                n => Err(format!("{n} in flight")),
+            }
+        },
+    );
+    let errors = [("controller", "jobs"), ("outcome", "error")];
+    assert_eq!(
+        value(
+            &e,
+            "reconcile_watchdog_reconcile_duration_seconds_count",
+            &errors
+        ),
+        Ok(1.0)
+    );
+    assert_eq!(check(&e, "watchdog"), Ok(1.0));
+    assert_eq!(get(addr, "/other").status, 404);
 }
 
 #[test]
