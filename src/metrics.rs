@@ -39,12 +39,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Unit;
-use warp::http::{Method, Response, StatusCode, header};
+use warp::http::{Method, Response, header};
 
 use crate::guard::{self, Outcome};
 use crate::health::Health;
 use crate::monitor::{self, HangState, Scan, verdict::Event};
-use crate::probes::routes::text;
+use crate::probes::routes::{method_not_allowed, not_found};
 
 /// The prefix of every metric name.
 pub const PREFIX: &str = "reconcile_watchdog";
@@ -263,17 +263,10 @@ impl Metrics {
     #[must_use]
     pub fn respond(&self, method: &Method, path: &str) -> Response<String> {
         if path != "/metrics" {
-            return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
+            return not_found();
         }
         if method != Method::GET && method != Method::HEAD {
-            let mut response = text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed\n".into(),
-            );
-            response
-                .headers_mut()
-                .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
-            return response;
+            return method_not_allowed();
         }
         let body = if method == Method::HEAD {
             String::new()
@@ -397,6 +390,8 @@ impl Collector for HealthChecks {
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
+
+    use warp::http::StatusCode;
 
     use super::*;
     use crate::guard::{ObjectKey, Registry};
