@@ -15,6 +15,8 @@ fn demo(args: &[&str]) -> Process {
         "demo",
         "--health-probe-bind-address",
         "127.0.0.1:0",
+        "--metrics-bind-address",
+        "0",
         "--log-format",
         "json",
         "--duration",

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::guard::{InFlight, PollState};
-use crate::stack::ThreadDiagnostics;
+use crate::stack::{Frame, ThreadDiagnostics};
 
 use super::verdict::Event;
 
@@ -76,8 +76,25 @@ pub fn inspect(event: &Event, now: Instant, config: &Diagnostics) -> Vec<StuckTh
         seen.push(tid);
         out.push(StuckThread {
             name: thread.name.to_string(),
-            diagnostics: ThreadDiagnostics::of(tid, config.capture_timeout),
+            diagnostics: ThreadDiagnostics::of(tid, config.capture_timeout, is_guard_poll),
         });
     }
     out
 }
+
+/// Whether `frame` is the guard's poll. The frames below it are the runtime's, the
+/// same for every hang, so they are left unresolved. Optimised builds name inlined
+/// frames without their module path, so the source file is the surer sign.
+fn is_guard_poll(frame: &Frame) -> bool {
+    frame
+        .file
+        .as_deref()
+        .is_some_and(|file| file.ends_with(GUARDED_SOURCE))
+        || frame
+            .function
+            .as_deref()
+            .is_some_and(|f| f.starts_with("<reconcile_watchdog::guard::guarded::Guarded<"))
+}
+
+/// The source file of [`crate::guard::Guarded`], relative to the crate.
+const GUARDED_SOURCE: &str = "src/guard/guarded.rs";

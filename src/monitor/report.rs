@@ -7,7 +7,6 @@
 use std::time::{Instant, SystemTime};
 
 use crate::guard::InFlight;
-use crate::stack::Frame;
 
 use super::inspect::StuckThread;
 use super::verdict::{Event, HangState, fmt_duration};
@@ -76,23 +75,6 @@ fn explain(state: HangState) -> &'static str {
     }
 }
 
-/// Whether `frame` is the guard's poll: what is below it is the runtime's, the same
-/// for every hang. Optimised builds name inlined frames without their module path, so
-/// the source file is the surer sign.
-fn is_guard_poll(frame: &Frame) -> bool {
-    frame
-        .file
-        .as_deref()
-        .is_some_and(|file| file.ends_with(GUARDED_SOURCE))
-        || frame
-            .function
-            .as_deref()
-            .is_some_and(|f| f.starts_with("<reconcile_watchdog::guard::guarded::Guarded<"))
-}
-
-/// The source file of [`crate::guard::Guarded`], relative to the crate.
-const GUARDED_SOURCE: &str = "src/guard/guarded.rs";
-
 /// The `kernel_state` and `stack` fields of a report about `threads`: absent when it is
 /// about none, one block per thread (headed by its name) when about several.
 fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
@@ -109,7 +91,7 @@ fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
             Err(error) => format!("unreadable: {error}"),
         };
         let stack = match &d.stack {
-            Ok(stack) => stack.up_to(is_guard_poll).to_string(),
+            Ok(stack) => stack.to_string(),
             Err(error) => format!("unavailable: {error}"),
         };
         if headed {

@@ -100,8 +100,11 @@ impl fmt::Display for Frame {
 /// interrupted it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stack {
-    /// The frames.
+    /// The frames resolved.
     pub frames: Vec<Frame>,
+    /// How many outer frames were captured but left unresolved (see
+    /// [`capture_until`]).
+    pub left_out: usize,
 }
 
 impl Stack {
@@ -114,49 +117,17 @@ impl Stack {
     }
 }
 
-impl Stack {
-    /// Shows the frames up to and including the outermost one that `is_last` picks
-    /// (all of them when none is), and how many it leaves out.
-    #[must_use]
-    pub fn up_to(&self, is_last: impl Fn(&Frame) -> bool) -> StackDisplay<'_> {
-        let shown = self
-            .frames
-            .iter()
-            .rposition(is_last)
-            .map_or(self.frames.len(), |n| n + 1);
-        StackDisplay { stack: self, shown }
-    }
-}
-
 /// One frame per line, numbered from the innermost.
 impl fmt::Display for Stack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        StackDisplay {
-            stack: self,
-            shown: self.frames.len(),
-        }
-        .fmt(f)
-    }
-}
-
-/// The first frames of a [`Stack`], from [`Stack::up_to`].
-#[derive(Debug)]
-pub struct StackDisplay<'a> {
-    stack: &'a Stack,
-    shown: usize,
-}
-
-impl fmt::Display for StackDisplay<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (n, frame) in self.stack.frames.iter().take(self.shown).enumerate() {
+        for (n, frame) in self.frames.iter().enumerate() {
             if n > 0 {
                 f.write_str("\n")?;
             }
             write!(f, "{n:>3}: {frame}")?;
         }
-        let left_out = self.stack.frames.len() - self.shown;
-        if left_out > 0 {
-            write!(f, "\n     ... {left_out} frames of the runtime below")?;
+        if self.left_out > 0 {
+            write!(f, "\n     ... {} outer frames left out", self.left_out)?;
         }
         Ok(())
     }
@@ -182,35 +153,82 @@ fn short_path(path: &std::path::Path) -> String {
 }
 
 /// Captures the native stack of thread `tid` of this process, waiting at most
-/// `timeout` for it. Symbols are resolved on the calling thread afterwards, which
-/// takes longer the first time (the binary's debug info is loaded then).
+/// `timeout` for it, and resolves every frame.
 pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
-    capture_impl(tid, Instant::now() + timeout)
+    capture_until(tid, timeout, |_| false)
+}
+
+/// Like [`capture`], resolving frames from the innermost out only up to the first
+/// that `is_last` picks: resolving is the slow part (each frame's debug info is loaded
+/// on first use), and what lies below a known frame is often the same every time.
+/// Symbols are resolved on the calling thread, never in the signal handler.
+pub fn capture_until(
+    tid: u32,
+    timeout: Duration,
+    is_last: impl Fn(&Frame) -> bool,
+) -> Result<Stack, Error> {
+    capture_impl(tid, Instant::now() + timeout, &is_last)
 }
 
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn capture_impl(tid: u32, deadline: Instant) -> Result<Stack, Error> {
+fn capture_impl(
+    tid: u32,
+    deadline: Instant,
+    is_last: &dyn Fn(&Frame) -> bool,
+) -> Result<Stack, Error> {
     let raw = signal::capture(tid, deadline)?;
-    let frames = symbolize(&raw.frames);
-    let start = match raw.pc {
-        // The interrupted frame is where the thread was; everything before it is the
-        // handler and the kernel's signal trampoline.
-        Some(pc) if raw.frames.contains(&pc) => frames.iter().position(|f| f.ip == pc),
-        _ => frames
-            .iter()
-            .position(|f| f.function.as_deref() == Some("__restore_rt"))
-            .map(|n| n + 1),
+    // The interrupted frame is where the thread was; the frames before it are the
+    // handler's and the kernel's signal trampoline.
+    let ips = match raw
+        .pc
+        .and_then(|pc| raw.frames.iter().position(|ip| *ip == pc))
+    {
+        Some(start) => &raw.frames[start..],
+        None => after_trampoline(&raw.frames),
+    };
+    let mut frames = Vec::new();
+    let mut resolved = 0;
+    for &ip in ips {
+        let before = frames.len();
+        symbolize(ip, &mut frames);
+        resolved += 1;
+        if frames[before..].iter().any(is_last) {
+            break;
+        }
     }
-    .unwrap_or(0);
-    let frames: Vec<Frame> = frames.into_iter().skip(start).collect();
     if frames.is_empty() {
         return Err(Error::Empty);
     }
-    Ok(Stack { frames })
+    Ok(Stack {
+        frames,
+        left_out: ips.len() - resolved,
+    })
+}
+
+/// The frames after the kernel's signal trampoline, when the interrupted instruction
+/// pointer is not known; all of them when the trampoline is not found either.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn after_trampoline(ips: &[usize]) -> &[usize] {
+    let mut frames = Vec::new();
+    for (n, &ip) in ips.iter().enumerate() {
+        frames.clear();
+        symbolize(ip, &mut frames);
+        if frames
+            .iter()
+            .any(|f| f.function.as_deref() == Some("__restore_rt"))
+        {
+            return &ips[n + 1..];
+        }
+    }
+    ips
 }
 
 #[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
-fn capture_impl(_tid: u32, _deadline: Instant) -> Result<Stack, Error> {
+fn capture_impl(
+    _tid: u32,
+    _deadline: Instant,
+    _is_last: &dyn Fn(&Frame) -> bool,
+) -> Result<Stack, Error> {
     Err(Error::Unsupported(if cfg!(target_os = "linux") {
         "built without the stack-capture feature"
     } else {
@@ -218,29 +236,27 @@ fn capture_impl(_tid: u32, _deadline: Instant) -> Result<Stack, Error> {
     }))
 }
 
+/// Appends the frames `ip` resolves to: more than one when calls were inlined there,
+/// innermost first; one without a name when it resolves to nothing.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn symbolize(ips: &[usize]) -> Vec<Frame> {
-    let mut frames = Vec::with_capacity(ips.len());
-    for &ip in ips {
-        let before = frames.len();
-        backtrace::resolve(std::ptr::without_provenance_mut(ip), |symbol| {
-            frames.push(Frame {
-                ip,
-                function: symbol.name().map(|name| format!("{name:#}")),
-                file: symbol.filename().map(short_path),
-                line: symbol.lineno(),
-            });
+fn symbolize(ip: usize, frames: &mut Vec<Frame>) {
+    let before = frames.len();
+    backtrace::resolve(std::ptr::without_provenance_mut(ip), |symbol| {
+        frames.push(Frame {
+            ip,
+            function: symbol.name().map(|name| format!("{name:#}")),
+            file: symbol.filename().map(short_path),
+            line: symbol.lineno(),
         });
-        if frames.len() == before {
-            frames.push(Frame {
-                ip,
-                function: None,
-                file: None,
-                line: None,
-            });
-        }
+    });
+    if frames.len() == before {
+        frames.push(Frame {
+            ip,
+            function: None,
+            file: None,
+            line: None,
+        });
     }
-    frames
 }
 
 /// What is known of one thread at a hang: its stack where it could be captured, its
@@ -256,14 +272,14 @@ pub struct ThreadDiagnostics {
 }
 
 impl ThreadDiagnostics {
-    /// Reads the kernel state of thread `tid` and captures its stack, waiting at most
-    /// `timeout` for the stack.
+    /// Reads the kernel state of thread `tid` and captures its stack as
+    /// [`capture_until`] does, waiting at most `timeout` for the stack.
     #[must_use]
-    pub fn of(tid: u32, timeout: Duration) -> Self {
+    pub fn of(tid: u32, timeout: Duration, is_last: impl Fn(&Frame) -> bool) -> Self {
         // The kernel state first: it is what the thread was doing before the signal
         // woke it.
         let kernel = KernelState::read(tid);
-        let stack = capture(tid, timeout);
+        let stack = capture_until(tid, timeout, is_last);
         Self { tid, stack, kernel }
     }
 }
@@ -302,7 +318,7 @@ mod tests {
 
     /// Captures until `found` holds (the thread may not have reached the interesting
     /// frame yet), failing after a generous bound.
-    fn capture_until(tid: u32, found: impl Fn(&Stack) -> bool) -> Stack {
+    fn capture_eventually(tid: u32, found: impl Fn(&Stack) -> bool) -> Stack {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let stack = capture(tid, TIMEOUT).expect("a stack");
@@ -322,10 +338,25 @@ mod tests {
             let lock = Arc::clone(&lock);
             thread_running(move || blocked_on_a_held_lock(&lock))
         };
-        let stack = capture_until(tid, |s| s.mentions("blocked_on_a_held_lock"));
+        let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
         assert!(stack.mentions("lock"), "{stack}");
         // The handler and the trampoline are cut off: the stack starts in the lock.
         assert!(!stack.mentions("on_signal"), "{stack}");
+        assert_eq!(stack.left_out, 0);
+
+        // Resolving can stop at a known frame; the rest is only counted.
+        let is_caller = |f: &Frame| {
+            f.function
+                .as_deref()
+                .is_some_and(|n| n.contains("blocked_on_a_held_lock"))
+        };
+        let short = capture_until(tid, TIMEOUT, is_caller).unwrap();
+        assert!(is_caller(short.frames.last().unwrap()), "{short}");
+        assert!(short.left_out > 0, "{short}");
+        assert!(
+            short.to_string().ends_with("outer frames left out"),
+            "{short}"
+        );
         drop(held);
         handle.join().unwrap();
     }
@@ -337,7 +368,7 @@ mod tests {
             let stop = Arc::clone(&stop);
             thread_running(move || spinning_without_a_break(&stop))
         };
-        let stack = capture_until(tid, |s| s.mentions("spinning_without_a_break"));
+        let stack = capture_eventually(tid, |s| s.mentions("spinning_without_a_break"));
         assert!(!stack.to_string().is_empty());
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
@@ -354,7 +385,7 @@ mod tests {
             started.elapsed() < TIMEOUT,
             "no wait for a thread that is not there"
         );
-        let diagnostics = ThreadDiagnostics::of(tid, Duration::from_millis(50));
+        let diagnostics = ThreadDiagnostics::of(tid, Duration::from_millis(50), |_| false);
         assert!(matches!(
             diagnostics.kernel,
             Err(Error::NoSuchThread { .. })
