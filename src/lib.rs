@@ -26,6 +26,7 @@
 
 pub mod guard;
 pub mod health;
+pub mod kube;
 pub mod monitor;
 pub mod probes;
 pub mod watchdog;
@@ -36,3 +37,5 @@ pub use watchdog::{Builder, Watchdog};
 pub mod cli;
 #[doc(hidden)]
 pub mod demo;
+#[doc(hidden)]
+pub mod operator;
