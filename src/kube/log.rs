@@ -5,16 +5,39 @@ use ::kube::runtime::controller::{self, Action};
 use ::kube::runtime::reflector::ObjectRef;
 use ::kube::runtime::watcher;
 
-/// An error and its sources, joined by `: ` (as `anyhow` prints `{:#}`).
+/// An error and its sources, joined by `: ` (as `anyhow` prints `{:#}`). A source
+/// whose text its error already repeats (kube's errors do) is not repeated again.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
         source = cause.source();
     }
     message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("middle: {0}")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn chains_sources_without_repeating_them() {
+        let error = Outer(Middle(std::io::Error::other("refused")));
+        assert_eq!(error_chain(&error), "outer: middle: refused");
+    }
 }
 
 fn namespaced_name<K: ::kube::Resource>(object: &ObjectRef<K>) -> String {

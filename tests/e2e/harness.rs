@@ -326,14 +326,21 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Runs `run` against `cluster`'s kubeconfig with short deadlines and `extra` flags.
-    pub fn start(cluster: &Cluster, extra: &[&str]) -> Self {
+    /// Runs `run` against `cluster`'s kubeconfig with reconcile `deadline`, a 250 ms
+    /// watchdog interval and `extra` flags.
+    pub fn start(cluster: &Cluster, deadline: Duration, extra: &[&str]) -> Self {
+        let deadline = format!("{}ms", deadline.as_millis());
         let port = free_port();
         let probes = format!("127.0.0.1:{port}");
         let mut child = Command::new(env!("CARGO_BIN_EXE_reconcile-watchdog"))
             .args(["run", "--health-probe-bind-address", &probes])
             .args(["--metrics-bind-address", "0", "--log-format", "json"])
-            .args(["--reconcile-deadline", "2s", "--watchdog-interval", "250ms"])
+            .args([
+                "--reconcile-deadline",
+                &deadline,
+                "--watchdog-interval",
+                "250ms",
+            ])
             .args(["--namespace", &cluster.namespace])
             .args(extra)
             .env("KUBECONFIG", &cluster.kubeconfig)
@@ -360,10 +367,14 @@ impl Operator {
             probes,
             logs,
         };
-        assert!(
-            eventually(SETTLE, || operator.get("/healthz").is_some()),
-            "the probe server never answered"
-        );
+        let mut operator = operator;
+        let answered = eventually(SETTLE, || {
+            operator.get("/healthz").is_some() || operator.child.try_wait().ok().flatten().is_some()
+        });
+        if let Ok(Some(status)) = operator.child.try_wait() {
+            panic!("the operator exited at start with {status}");
+        }
+        assert!(answered, "the probe server never answered");
         operator
     }
 
