@@ -21,25 +21,6 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer")]
-    struct Outer(#[source] Middle);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("middle: {0}")]
-    struct Middle(#[source] std::io::Error);
-
-    #[test]
-    fn chains_sources_without_repeating_them() {
-        let error = Outer(Middle(std::io::Error::other("refused")));
-        assert_eq!(error_chain(&error), "outer: middle: refused");
-    }
-}
-
 fn namespaced_name<K: ::kube::Resource>(object: &ObjectRef<K>) -> String {
     match &object.namespace {
         Some(namespace) => format!("{namespace}/{}", object.name),
@@ -88,5 +69,24 @@ pub(super) fn outcome<K, E>(
             error = %error_chain(&error),
             "controller runner failed"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Middle);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("middle: {0}")]
+    struct Middle(#[source] std::io::Error);
+
+    #[test]
+    fn chains_sources_without_repeating_them() {
+        let error = Outer(Middle(std::io::Error::other("refused")));
+        assert_eq!(error_chain(&error), "outer: middle: refused");
     }
 }
