@@ -321,3 +321,40 @@ fn emulator_api_server_absent_at_start_then_ready_once_it_appears() {
     );
     assert!(eventually(SETTLE, || cluster.reconciled("late")));
 }
+
+#[test]
+fn second_sigterm_exits_at_once() {
+    let cluster = Cluster::start("second_signal");
+    cluster.create("stuck", Some("hang"));
+    let mut operator = Operator::start(
+        &cluster,
+        RELAXED,
+        &["--enable-fault-injection", "--shutdown-grace", "10m"],
+    );
+    let stuck = object(&cluster, "stuck");
+    assert!(eventually(SETTLE, || !operator
+        .in_flight(&stuck)
+        .is_empty()));
+    operator.signal("TERM");
+    assert!(
+        eventually(SETTLE, || operator.status("/readyz") == 500),
+        "not draining"
+    );
+    operator.signal("INT");
+    // Well inside the ten-minute grace.
+    let status = operator
+        .wait_exit(SETTLE)
+        .expect("a second signal did not end the drain");
+    assert!(!status.success(), "exit status {status}");
+    let named = operator.logged(|e| {
+        is(e, "ERROR", "second signal")
+            && e["still_running"]
+                .as_str()
+                .is_some_and(|s| s.contains(&stuck))
+    });
+    assert_eq!(
+        named.len(),
+        1,
+        "the second signal was not logged with what still ran"
+    );
+}
