@@ -3,8 +3,8 @@
 kmock 0.8's KubernetesEmulator stores objects as given. This subclass adds what a
 kube-rs Controller relies on: metadata.resourceVersion, uid, generation,
 creationTimestamp and namespace on every create and patch; a counter as the list's
-resourceVersion (kmock returns "..."); and the NotFound/AlreadyExists reasons that
-kube's error helpers look for. It can also black-hole every request whose path names an
+resourceVersion (kmock returns "..."); the NotFound/AlreadyExists reasons that kube's
+error helpers look for; and a server-side apply of a missing object as a create. It can also black-hole every request whose path names an
 object, as if the API server had lost it, until told to release it:
 
     POST /_emulator/black-hole/NAME   hold every later request whose path names NAME
@@ -33,6 +33,10 @@ RESOURCES = {
     'v1/configmaps': kmock.ResourceInfo(
         kind='ConfigMap', namespaced=True,
         verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
+    # What the tests' real-cluster set-up touches, so that it can run against this too.
+    'apiextensions.k8s.io/v1/customresourcedefinitions': kmock.ResourceInfo(
+        kind='CustomResourceDefinition', namespaced=False,
+        verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
 }
 
 REASONS = {404: 'NotFound', 409: 'AlreadyExists'}
@@ -43,6 +47,18 @@ class Emulator(kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
     # Object name -> the event its held requests wait on.
     _holes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock 0.8 cannot parse /api/v1/namespaces (it reads "namespaces" as the start of
+        # a namespaced path), so namespaces are answered here: accepted, never stored.
+        if raw_request.path.startswith('/api/v1/namespaces') and raw_request.path.count('/') <= 4:
+            if raw_request.method == 'POST':
+                body = await raw_request.json()
+                body.setdefault('metadata', {})['uid'] = str(uuid.uuid4())
+                return aiohttp.web.json_response(body, status=201)
+            if raw_request.method == 'DELETE':
+                return aiohttp.web.json_response({'kind': 'Status', 'status': 'Success'})
+        return await super().__call__(raw_request)
 
     def _next_revision(self) -> str:
         self._revision += 1
@@ -55,8 +71,26 @@ class Emulator(kmock.KubernetesEmulator):
         for name, released in self._holes.items():
             if name in path.split('/'):
                 await released.wait()
+        if self._creates_by_apply(request):
+            # Stored as a create; kmock's routing has no reaction for a PATCH that
+            # creates, so the answer is made here.
+            request = attrs.evolve(request, action=kmock.action.CREATE)
+            self._stamp(request)
+            try:
+                return await super()._handle(request)
+            except NotImplementedError:
+                key = (request.resource, request.namespace, request.name)
+                return aiohttp.web.json_response(self.objects[key].raw, status=201)
         self._stamp(request)
         return await super()._handle(request)
+
+    def _creates_by_apply(self, request: kmock.Request) -> bool:
+        """A server-side apply of a missing object creates it, as on a real server."""
+        content_type = request.headers.get('Content-Type', '')
+        if request.action != kmock.action.UPDATE or 'apply-patch' not in content_type:
+            return False
+        key = (request.resource, request.namespace, request.name)
+        return key not in self.objects or self.objects[key].deleted
 
     def _control(self, request: kmock.Request, command: str) -> aiohttp.web.StreamResponse:
         verb, _, name = command.partition('/')
