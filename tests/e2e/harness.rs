@@ -1,11 +1,11 @@
 //! The end-to-end harness: the kmock emulator (or a real cluster), the operator binary,
 //! its logs, and plain HTTP to its probes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -16,6 +16,8 @@ use kube::{Api, Client, CustomResourceExt};
 use reconcile_watchdog::operator::ConfigTemplate;
 use reconcile_watchdog::operator::crd::ConfigTemplateSpec;
 use serde_json::Value;
+
+use crate::support::{self, Process};
 
 /// The Python that has kmock (`bash tests/support/venv.sh` prints the venv).
 pub const PYTHON_VAR: &str = "RECONCILE_WATCHDOG_E2E_PYTHON";
@@ -101,10 +103,14 @@ impl Emulator {
     }
 
     fn control(&self, command: &str, name: &str) {
-        let addr = self.url.trim_start_matches("http://");
-        let (status, body) = http(addr, "POST", &format!("/_emulator/{command}/{name}"))
+        let addr = self.url.trim_start_matches("http://").parse().unwrap();
+        let response = support::request(addr, "POST", &format!("/_emulator/{command}/{name}"))
             .expect("the emulator does not answer");
-        assert_eq!(status, 200, "emulator {command} {name}: {body}");
+        assert_eq!(
+            response.status, 200,
+            "emulator {command} {name}: {}",
+            response.body
+        );
     }
 
     /// From now on, every request whose path names `name` goes unanswered.
@@ -318,11 +324,11 @@ fn connect(kubeconfig: &Path) -> (tokio::runtime::Runtime, Client) {
     (runtime, client)
 }
 
-/// The operator binary's `run`, killed on drop, its JSON logs collected.
+/// The operator binary's `run`, killed on drop, its JSON logs collected (and shown
+/// when the test fails).
 pub struct Operator {
-    child: Child,
-    pub probes: String,
-    logs: Arc<Mutex<Vec<Value>>>,
+    process: Process,
+    pub probes: SocketAddr,
 }
 
 impl Operator {
@@ -330,48 +336,31 @@ impl Operator {
     /// watchdog interval and `extra` flags.
     pub fn start(cluster: &Cluster, deadline: Duration, extra: &[&str]) -> Self {
         let deadline = format!("{}ms", deadline.as_millis());
-        let port = free_port();
-        let probes = format!("127.0.0.1:{port}");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_reconcile-watchdog"))
-            .args(["run", "--health-probe-bind-address", &probes])
-            .args(["--metrics-bind-address", "0", "--log-format", "json"])
-            .args([
-                "--reconcile-deadline",
-                &deadline,
-                "--watchdog-interval",
-                "250ms",
-            ])
-            .args(["--namespace", &cluster.namespace])
-            .args(extra)
-            .env("KUBECONFIG", &cluster.kubeconfig)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run the operator binary");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("piped stderr");
-        let sink = Arc::clone(&logs);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                eprintln!("operator: {line}");
-                let event = serde_json::from_str(&line)
-                    .unwrap_or_else(|_| serde_json::json!({ "message": line }));
-                sink.lock().unwrap().push(event);
-            }
-        });
-        let operator = Self {
-            child,
+        let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let probe_flag = probes.to_string();
+        let mut args = vec!["run", "--health-probe-bind-address", &probe_flag];
+        args.extend(["--metrics-bind-address", "0", "--log-format", "json"]);
+        args.extend([
+            "--reconcile-deadline",
+            &deadline,
+            "--watchdog-interval",
+            "250ms",
+        ]);
+        args.extend(["--namespace", &cluster.namespace]);
+        args.extend(extra);
+        let kubeconfig = cluster
+            .kubeconfig
+            .to_str()
+            .expect("a UTF-8 kubeconfig path");
+        let mut operator = Self {
+            process: Process::start_with_env(&args, &[("KUBECONFIG", kubeconfig)]),
             probes,
-            logs,
         };
-        let mut operator = operator;
         let answered = eventually(SETTLE, || {
-            operator.get("/healthz").is_some() || operator.child.try_wait().ok().flatten().is_some()
+            operator.get("/healthz").is_some()
+                || operator.process.child.try_wait().ok().flatten().is_some()
         });
-        if let Ok(Some(status)) = operator.child.try_wait() {
+        if let Ok(Some(status)) = operator.process.child.try_wait() {
             panic!("the operator exited at start with {status}");
         }
         assert!(answered, "the probe server never answered");
@@ -380,22 +369,27 @@ impl Operator {
 
     /// `GET path` on the probe server: status and body.
     pub fn get(&self, path: &str) -> Option<(u16, String)> {
-        http(&self.probes, "GET", path)
+        support::request(self.probes, "GET", path)
+            .ok()
+            .map(|r| (r.status, r.body))
     }
 
     pub fn status(&self, path: &str) -> u16 {
         self.get(path).map_or(0, |(status, _)| status)
     }
 
-    /// The log events so far that `matches` accepts.
+    /// The JSON log events so far that `matches` accepts.
     pub fn logged(&self, matches: impl Fn(&Value) -> bool) -> Vec<Value> {
-        self.logs
-            .lock()
-            .unwrap()
-            .iter()
+        self.process
+            .events()
+            .into_iter()
             .filter(|e| matches(e))
-            .cloned()
             .collect()
+    }
+
+    /// Whether any log line, JSON or not (a panic message is not), contains `text`.
+    pub fn said(&self, text: &str) -> bool {
+        self.process.logs().iter().any(|l| l.contains(text))
     }
 
     /// `/debug/reconciles` rows for `object`.
@@ -409,7 +403,7 @@ impl Operator {
 
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.process.child.id().to_string()])
             .status()
             .expect("cannot run kill");
         assert!(status.success(), "kill -{name} failed");
@@ -417,40 +411,21 @@ impl Operator {
 
     /// Waits up to `timeout` for the process to exit.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let mut exited = None;
-        eventually(timeout, || {
-            exited = self.child.try_wait().expect("cannot wait for the operator");
-            exited.is_some()
-        });
-        exited
+        self.process.wait(timeout)
     }
 }
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if std::thread::panicking() {
+            for line in self.process.logs() {
+                eprintln!("operator: {line}");
+            }
+        }
     }
 }
 
 /// Whether log `event` is at `level` with `message` containing `text`.
 pub fn is(event: &Value, level: &str, text: &str) -> bool {
     event["level"] == level && event["message"].as_str().is_some_and(|m| m.contains(text))
-}
-
-/// One HTTP/1.1 request with no body; None when nothing answers.
-pub fn http(addr: &str, method: &str, path: &str) -> Option<(u16, String)> {
-    let addr: SocketAddr = addr.parse().ok()?;
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    Some((status, body.to_owned()))
 }

@@ -5,6 +5,8 @@
 //! API server late. Against a real cluster, run with `-- --skip emulator_`.
 
 mod harness;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -303,15 +305,7 @@ fn emulator_api_server_absent_at_start_then_ready_once_it_appears() {
         200,
         "the operator is not alive"
     );
-    let panicked = |e: &serde_json::Value| {
-        e["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("panicked at"))
-    };
-    assert!(
-        operator.logged(panicked).is_empty(),
-        "the operator panicked"
-    );
+    assert!(!operator.said("panicked at"), "the operator panicked");
 
     let _emulator = Emulator::start(port);
     cluster.create("late", None);
