@@ -221,3 +221,21 @@ pub fn object_key<K: Resource>(object: &K) -> ObjectKey {
         None => ObjectKey::cluster(&name),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+
+    use super::*;
+
+    #[test]
+    fn object_keys_are_namespace_slash_name() {
+        let mut configmap = ConfigMap::default();
+        configmap.metadata.name = Some("app".into());
+        configmap.metadata.namespace = Some("prod".into());
+        assert_eq!(object_key(&configmap).as_str(), "prod/app");
+        let mut namespace = Namespace::default();
+        namespace.metadata.name = Some("prod".into());
+        assert_eq!(object_key(&namespace).as_str(), "prod");
+    }
+}

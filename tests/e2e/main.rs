@@ -95,6 +95,7 @@ fn emulator_black_holed_request_fails_liveness_until_released() {
         .as_f64()
         .unwrap();
     let bound = (DEADLINE + 2 * INTERVAL + Duration::from_secs(1)).as_secs_f64();
+    eprintln!("liveness seen failing {elapsed:.3}s into the black-holed reconcile");
     assert!(
         elapsed <= bound,
         "liveness failed {elapsed}s into the reconcile, later than {bound}s"
@@ -350,5 +351,49 @@ fn second_sigterm_exits_at_once() {
         named.len(),
         1,
         "the second signal was not logged with what still ran"
+    );
+}
+
+#[test]
+fn on_hang_cancel_turns_a_hang_into_a_reconcile_error() {
+    let cluster = Cluster::start("cancel");
+    cluster.create("hangs", Some("hang"));
+    cluster.create("plain", None);
+    let operator = Operator::start(
+        &cluster,
+        DEADLINE,
+        &[
+            "--enable-fault-injection",
+            "--on-hang",
+            "cancel",
+            "--cancel-escalation-count",
+            "1000",
+        ],
+    );
+    let hangs = object(&cluster, "hangs");
+    // Cancelled at its deadline, it comes back to the error policy, which requeues it.
+    assert!(
+        eventually(SETTLE, || operator
+            .logged(|e| is(e, "WARN", "reconcile failed")
+                && e["object"] == hangs.as_str()
+                && e["error"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("cancelled by the watchdog")))
+            .len()
+            >= 2),
+        "the hung reconcile was not cancelled and retried"
+    );
+    assert!(eventually(SETTLE, || cluster.reconciled("plain")));
+    let reports =
+        operator.logged(|e| is(e, "ERROR", "reconcile hung:") && e["object"] == hangs.as_str());
+    assert!(
+        !reports.is_empty(),
+        "no hang report before the cancellation"
+    );
+    assert!(
+        reports
+            .iter()
+            .all(|r| r["action"].as_str().is_some_and(|a| a.contains("cancel"))),
+        "{reports:?}"
     );
 }
