@@ -164,14 +164,15 @@ fn fault_injection_panic_is_an_error_and_hang_and_block_fail_liveness() {
         "the panic was not reported (and retried) as a reconcile error"
     );
     assert!(eventually(SETTLE, || cluster.reconciled("plain")));
-    // No false hang: well past the deadline, liveness holds and nothing is in flight
-    // for long.
+    // No false hang: well past the deadline, liveness never names it and it is never
+    // in flight past its deadline. (Only the panicking object is asserted on: on a
+    // busy machine another object's slow API call may legitimately be overdue.)
     let watch_until = Instant::now() + 2 * DEADLINE;
     while Instant::now() < watch_until {
-        assert_eq!(
-            operator.status("/healthz"),
-            200,
-            "a panicking reconcile failed liveness"
+        let (_, body) = operator.get("/healthz?verbose").unwrap_or_default();
+        assert!(
+            !body.contains(&panicky),
+            "a panicking reconcile failed liveness: {body}"
         );
         for row in operator.in_flight(&panicky) {
             assert!(
@@ -183,8 +184,9 @@ fn fault_injection_panic_is_an_error_and_hang_and_block_fail_liveness() {
     }
     assert!(
         operator
-            .logged(|e| e["target"] == "reconcile_watchdog::hang")
-            .is_empty()
+            .logged(|e| e["target"] == "reconcile_watchdog::hang" && e["object"] == panicky.as_str())
+            .is_empty(),
+        "a hang was reported for the panicking reconcile"
     );
 
     // hang: waits on an await that never wakes; block: stuck inside a poll.
