@@ -27,6 +27,7 @@
 pub mod guard;
 pub mod health;
 pub mod kube;
+pub mod metrics;
 pub mod monitor;
 pub mod probes;
 pub mod watchdog;
