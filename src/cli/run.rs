@@ -46,7 +46,7 @@ pub enum Error {
     Client(#[source] kube::Error),
     /// The CRD did not serialize.
     #[error("failed to write the CRD as YAML")]
-    Crd(#[source] serde_yaml::Error),
+    Crd(#[source] serde_saphyr::ser::Error),
 }
 
 /// What the main thread waits for.

@@ -43,8 +43,8 @@ pub struct ConfigTemplateStatus {
 }
 
 /// The CRD, as `crd` prints it and `manifests/crd.yaml` holds it.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(&ConfigTemplate::crd())
+pub fn crd_yaml() -> Result<String, serde_saphyr::ser::Error> {
+    serde_saphyr::to_string(&ConfigTemplate::crd())
 }
 
 #[cfg(test)]
