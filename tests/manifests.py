@@ -1,6 +1,7 @@
 """Offline checks of manifests/ and the Dockerfile, run by tests/manifests.sh in the test venv.
 
-1. kustomization: every resource it lists exists, and every manifest in manifests/ is listed.
+1. kustomization: every resource it lists exists, every manifest in manifests/ is listed,
+   and `kubectl kustomize` builds it into exactly the objects of those files.
 2. schemas: every document of every YAML file under manifests/ validates, strictly
    (unknown fields fail), against the Kubernetes schemas bundled by kubernetes-validate,
    or, for a custom resource, against its CRD's schema from manifests/. A document that
@@ -53,7 +54,29 @@ def check_kustomization():
     for path in sorted(MANIFESTS.glob("*.y*ml")):
         if path != KUSTOMIZATION and path.name not in listed:
             failures.append(f"{relative(path)}: not listed in {relative(KUSTOMIZATION)}")
-    return failures
+    if failures:
+        return failures
+    return check_kustomize_build(listed)
+
+
+def identity(doc):
+    metadata = doc.get("metadata") or {}
+    return (doc.get("apiVersion"), doc.get("kind"), metadata.get("namespace"), metadata.get("name"))
+
+
+def check_kustomize_build(listed):
+    """kubectl kustomize builds it, into the objects of the listed files and no others."""
+    kubectl = pathlib.Path(sys.executable).parent / "kubectl"
+    run = subprocess.run([str(kubectl), "kustomize", relative(MANIFESTS)],
+                         cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"kubectl kustomize {relative(MANIFESTS)} failed: {run.stderr.strip()}"]
+    built = sorted(identity(doc) for doc in yaml.safe_load_all(run.stdout) if doc)
+    expected = sorted(identity(doc) for name in listed for doc in documents(MANIFESTS / name))
+    if built != expected:
+        return [f"kubectl kustomize built {built}, but the listed files hold {expected}"]
+    print(f"ok   kubectl kustomize {relative(MANIFESTS)}: {len(built)} objects")
+    return []
 
 
 def openapi_to_jsonschema(schema):
