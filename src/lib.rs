@@ -32,6 +32,11 @@ pub mod watchdog;
 
 pub use watchdog::{Builder, Watchdog};
 
+/// The README's examples compile and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 #[doc(hidden)]
 pub mod cli;
 #[doc(hidden)]
