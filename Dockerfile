@@ -3,9 +3,13 @@
 #   docker build -t reconcile-watchdog:0.1.0 .        (docs/install.md)
 #
 # Build stage: Rust on Alpine targets musl (for the build machine's architecture), and
-# Rust links musl statically by default, so the binary needs no libc at run time. The
-# only C it compiles is ring (kube's rustls backend), which needs gcc and musl-dev.
+# Rust links musl statically by default, so the binary needs no libc at run time (a
+# static glibc build would still want NSS libraries for name lookups). The only C it
+# compiles is ring (kube's rustls backend), which needs gcc and musl-dev.
 FROM rust:1.95-alpine AS build
+# Unpinned on purpose: Alpine drops superseded package versions, so pins would break the
+# build; these two only compile, nothing of them reaches the image.
+# hadolint ignore=DL3018
 RUN apk add --no-cache gcc musl-dev
 WORKDIR /src
 COPY . .

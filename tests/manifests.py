@@ -8,6 +8,7 @@
    neither knows fails: nothing is skipped.
 3. checkov: no failed check on manifests/ (kubernetes) nor on the Dockerfile; skips must
    be written beside the resource, with a reason, and are listed here.
+4. hadolint: no finding on the Dockerfile (an ignore is written beside the line, with why).
 """
 
 import copy
@@ -211,11 +212,22 @@ def check_checkov():
             + checkov(["--file", relative(DOCKERFILE)], "dockerfile"))
 
 
+def check_hadolint():
+    hadolint = pathlib.Path(sys.executable).parent / "hadolint"
+    run = subprocess.run([str(hadolint), "--no-color", relative(DOCKERFILE)],
+                         cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"hadolint exited {run.returncode}: {(run.stdout + run.stderr).strip()}"]
+    print(f"ok   hadolint {relative(DOCKERFILE)}")
+    return []
+
+
 def main():
     checks = [
         ("kustomization", check_kustomization),
         ("schemas", check_schemas),
         ("checkov", check_checkov),
+        ("hadolint", check_hadolint),
     ]
     failed = 0
     for name, check in checks:
