@@ -43,7 +43,7 @@ def manifest_files():
 
 
 def check_kustomization():
-    """Every listed resource exists; every top-level manifest is listed."""
+    """Every listed resource exists, every top-level manifest is listed, and it builds."""
     failures = []
     (kustomization,) = documents(KUSTOMIZATION)
     listed = kustomization.get("resources") or []
