@@ -9,10 +9,14 @@
 3. checkov: no failed check on manifests/ (kubernetes) nor on the Dockerfile; skips must
    be written beside the resource, with a reason, and are listed here.
 4. hadolint: no finding on the Dockerfile (an ignore is written beside the line, with why).
+5. flags: the Deployment runs a subcommand the binary has (RECONCILE_WATCHDOG_BIN), with
+   only flags and RECONCILE_WATCHDOG_* variables that subcommand reads: clap ignores an
+   unknown variable, so a typo there would silently leave a default in force.
 """
 
 import copy
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -222,12 +226,41 @@ def check_hadolint():
     return []
 
 
+def check_flags():
+    binary = os.environ["RECONCILE_WATCHDOG_BIN"]
+    failures = []
+    (deployment,) = documents(MANIFESTS / "deployment.yaml")
+    for container in deployment["spec"]["template"]["spec"]["containers"]:
+        args = container.get("args") or []
+        if not args:
+            failures.append(f"container {container['name']}: no subcommand in args")
+            continue
+        # A clean environment, so that the help shows no values set here.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILE_WATCHDOG_")}
+        run = subprocess.run([binary, args[0], "--help"], env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            failures.append(f"container {container['name']}: `{args[0]} --help` exited "
+                            f"{run.returncode}: {run.stderr.strip()}")
+            continue
+        names = [e["name"] for e in container.get("env") or []]
+        unknown = [n for n in names if n.startswith("RECONCILE_WATCHDOG_")
+                   and f"[env: {n}=" not in run.stdout]
+        unknown += [a for a in args[1:] if a.startswith("--")
+                    and f"{a.split('=')[0]} " not in run.stdout]
+        for name in unknown:
+            failures.append(f"container {container['name']}: `{args[0]}` does not read {name}")
+        if not unknown:
+            print(f"ok   container {container['name']}: `{' '.join(args)}` reads {', '.join(names)}")
+    return failures
+
+
 def main():
     checks = [
         ("kustomization", check_kustomization),
         ("schemas", check_schemas),
         ("checkov", check_checkov),
         ("hadolint", check_hadolint),
+        ("flags", check_flags),
     ]
     failed = 0
     for name, check in checks:
