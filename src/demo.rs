@@ -91,6 +91,7 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         .map_err(Error::Runtime)?;
     let watchdog = builder.watch_runtime(runtime.handle().clone()).start()?;
     let probe = watchdog.probe_address().map(loopback);
+    let metrics = watchdog.metrics_address().map(loopback);
 
     let hung = &CONTROLLERS[HUNG_CONTROLLER];
     println!(
@@ -106,6 +107,10 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         println!(
             "probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose http://{addr}/debug/reconciles"
         );
+    }
+    match metrics {
+        Some(addr) => println!("metrics: http://{addr}/metrics"),
+        None => println!("metrics: off"),
     }
 
     let handles: Vec<ControllerHandle> = CONTROLLERS

@@ -26,6 +26,7 @@
 
 pub mod guard;
 pub mod health;
+pub mod metrics;
 pub mod monitor;
 pub mod probes;
 pub mod watchdog;

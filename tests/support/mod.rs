@@ -1,6 +1,8 @@
 //! Shared by the integration tests: a minimal HTTP client and a handle on the binary.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod openmetrics;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -10,11 +12,22 @@ use std::time::{Duration, Instant};
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_reconcile-watchdog");
 
-/// An HTTP response: status and body.
+/// An HTTP response: status, headers and body.
 #[derive(Debug, Clone)]
 pub struct Response {
     pub status: u16,
+    pub headers: Vec<(String, String)>,
     pub body: String,
+}
+
+impl Response {
+    /// The value of the first header called `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Sends `raw` bytes to `addr` and reads until the server closes, within `timeout`.
@@ -65,7 +78,17 @@ fn parse(bytes: &[u8]) -> Option<Response> {
     } else {
         body.to_owned()
     };
-    Some(Response { status, body })
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    Some(Response {
+        status,
+        headers,
+        body,
+    })
 }
 
 fn dechunk(mut body: &str) -> Option<String> {
@@ -139,6 +162,24 @@ impl Process {
                 rest.split('/').next()?.parse().ok()
             })
         })
+    }
+
+    /// The metrics address `demo` prints on stdout; None when it prints `metrics: off`.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        eventually(
+            Duration::from_secs(30),
+            "the metrics line on stdout",
+            || {
+                self.stdout.lock().unwrap().iter().find_map(|line| {
+                    let rest = line.strip_prefix("metrics: ")?;
+                    if rest == "off" {
+                        return Some(None);
+                    }
+                    let addr = rest.strip_prefix("http://")?.strip_suffix("/metrics")?;
+                    Some(Some(addr.parse().ok()?))
+                })
+            },
+        )
     }
 
     /// The log lines so far.
