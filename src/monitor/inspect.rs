@@ -39,21 +39,25 @@ pub struct StuckThread {
     pub diagnostics: ThreadDiagnostics,
 }
 
-/// The stuck threads `event` is about, inspected now. Empty for events that are not
-/// about a reconcile stuck inside a poll for at least `stack_capture_after`.
+/// The stuck threads `event` is about, inspected now: for a hang report, the thread of
+/// a reconcile stuck inside a poll for at least `stack_capture_after`; for a
+/// runtime-stall report, the thread of every reconcile inside a poll however long (the
+/// runtime is wedged already: these are the suspects). Empty for other events.
 #[must_use]
 pub fn inspect(event: &Event, now: Instant, config: &Diagnostics) -> Vec<StuckThread> {
     let Some(after) = config.stack_capture_after else {
         return Vec::new();
     };
-    let reconciles: Vec<&InFlight> = match event {
-        Event::Hung { reconcile, .. } | Event::StillHung { reconcile, .. } => vec![reconcile],
+    let (reconciles, after): (Vec<&InFlight>, Duration) = match event {
+        Event::Hung { reconcile, .. } | Event::StillHung { reconcile, .. } => {
+            (vec![reconcile], after)
+        }
         Event::Escalated {
             reconcile: Some(reconcile),
             ..
-        } => vec![reconcile],
-        Event::RuntimeStalled { in_poll, .. } => in_poll.iter().collect(),
-        _ => Vec::new(),
+        } => (vec![reconcile], after),
+        Event::RuntimeStalled { in_poll, .. } => (in_poll.iter().collect(), Duration::ZERO),
+        _ => return Vec::new(),
     };
     let mut seen = Vec::new();
     let mut out = Vec::new();
