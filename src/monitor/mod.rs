@@ -348,19 +348,13 @@ fn run(
         for id in &decision.cancel {
             registry.request_cancel(*id);
         }
-        // Publish before reporting: capturing a stuck thread's stack for a report takes
-        // time, and the probes must not wait for it.
-        *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
-            reconcilers_failure: decision.reconcilers_failure.clone(),
-            runtime_failure: decision.runtime_failure.clone(),
-            overdue: decision.overdue.clone(),
-        });
         let sample = runtime.map(RuntimeHeartbeat::sample);
         for event in &decision.events {
             let threads = inspect::inspect(event, now, diagnostics);
             report::emit(event, now, sample, &threads);
             if !threads.is_empty() {
-                // Capturing stacks is work, not a stall: the `watchdog` check may say so.
+                // Capturing stacks is work, not a stall: keep the `watchdog` check from
+                // calling it one.
                 status.beat.beat(Instant::now());
             }
         }
@@ -372,6 +366,11 @@ fn run(
                 runtime_heartbeat_age: heartbeat_age,
             });
         }
+        *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
+            reconcilers_failure: decision.reconcilers_failure,
+            runtime_failure: decision.runtime_failure,
+            overdue: decision.overdue,
+        });
 
         // Sleep to the next tick; park so that `stop` can wake us early. A thread that
         // fell behind (suspended, starved) starts afresh instead of scanning in a burst.
