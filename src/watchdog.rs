@@ -97,7 +97,7 @@ impl Builder {
     }
 
     /// A report of a reconcile stuck inside one poll for at least `after` carries its
-    /// thread's native stack and kernel state (default 1 second; `None` never looks).
+    /// thread's native stack and kernel state (default 2 seconds; `None` never looks).
     #[must_use]
     pub fn stack_capture_after(mut self, after: Option<Duration>) -> Self {
         self.diagnostics.stack_capture_after = after;

@@ -52,6 +52,8 @@ fn a_block_hang_reports_the_blocking_frames() {
         "1s",
         "--watchdog-interval",
         "100ms",
+        "--stack-capture-after",
+        "500ms",
     ]);
     let hung = event(&demo, "the block hang's report", |e| {
         // Another reconcile queued behind the blocked worker may be reported (awaiting)

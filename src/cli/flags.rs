@@ -50,7 +50,7 @@ pub struct WatchdogArgs {
     pub runtime_stall_threshold: Option<Duration>,
 
     /// Hang reports of a reconcile stuck inside one poll this long carry its thread's native stack and kernel state; off disables
-    #[arg(long, env = "RECONCILE_WATCHDOG_STACK_CAPTURE_AFTER", value_name = "DURATION", default_value = "1s", value_parser = duration_or_off)]
+    #[arg(long, env = "RECONCILE_WATCHDOG_STACK_CAPTURE_AFTER", value_name = "DURATION", default_value = "2s", value_parser = duration_or_off)]
     pub stack_capture_after: StackCaptureAfter,
 
     /// Drain time for in-flight reconciles on SIGTERM

@@ -23,7 +23,7 @@ pub struct Diagnostics {
 impl Default for Diagnostics {
     fn default() -> Self {
         Self {
-            stack_capture_after: Some(Duration::from_secs(1)),
+            stack_capture_after: Some(Duration::from_secs(2)),
             capture_timeout: Duration::from_millis(250),
             max_threads: 8,
         }
