@@ -37,8 +37,12 @@ fn lock_b_while_holding_a(a: &Mutex<()>, b: &Mutex<()>) {
 }
 
 #[inline(never)]
-fn sleep_through_the_deadline(d: Duration) {
-    std::thread::sleep(d);
+fn sleep_through_the_deadline(woken: &AtomicBool) {
+    // Blocking sleeps, as long as the test needs: one long sleep could end before a
+    // slow machine has looked.
+    while !woken.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[inline(never)]
@@ -247,14 +251,18 @@ fn a_long_blocking_sleep_is_in_poll_with_its_stack_and_fails_liveness_until_it_e
     const C: &str = "blocking-sleep";
     let rig = Rig::new(HangPolicy::Restart);
     let rt = runtime(2);
-    let task = rt.spawn(
-        rig.registry
-            .controller(C, "ConfigMap")
-            .guard(object("d"), async {
-                sleep_through_the_deadline(DEADLINE * 15);
-                Ok::<_, String>(())
-            }),
-    );
+    let woken = Arc::new(AtomicBool::new(false));
+    let task = {
+        let woken = Arc::clone(&woken);
+        rt.spawn(
+            rig.registry
+                .controller(C, "ConfigMap")
+                .guard(object("d"), async move {
+                    sleep_through_the_deadline(&woken);
+                    Ok::<_, String>(())
+                }),
+        )
+    };
 
     let failure = eventually("reconcilers to fail", || rig.check("reconcilers").err());
     assert!(
@@ -276,6 +284,7 @@ fn a_long_blocking_sleep_is_in_poll_with_its_stack_and_fails_liveness_until_it_e
         "a sleep is not a lock: {kernel}"
     );
 
+    woken.store(true, Ordering::SeqCst);
     assert!(matches!(rt.block_on(task).unwrap(), Ok(Ok(()))));
     let ended = report_of(C, "the end report", |r| {
         r.message.starts_with("reconcile ended")
