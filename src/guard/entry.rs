@@ -21,6 +21,15 @@ impl ObjectKey {
         Self(format!("{namespace}/{name}").into())
     }
 
+    /// A namespaced object when `namespace` is given, a cluster-scoped one otherwise.
+    #[must_use]
+    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+        match namespace {
+            Some(namespace) => Self::namespaced(namespace, name),
+            None => Self::cluster(name),
+        }
+    }
+
     /// A cluster-scoped object, shown as its name.
     #[must_use]
     pub fn cluster(name: &str) -> Self {
