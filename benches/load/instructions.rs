@@ -1,0 +1,57 @@
+//! Instructions per reconcile for each variant, counted by callgrind: a ratio that does not depend on the machine's load.
+
+use std::process::Command;
+
+use crate::support::{Ops, Shape, Variant};
+
+/// The `count VARIANT SHAPE N` subcommand, run under callgrind: `n` reconciles, nothing else.
+pub fn count(args: &[String]) {
+    let [variant, shape, n] = args else {
+        panic!("usage: count VARIANT SHAPE N");
+    };
+    let variant = Variant::ALL
+        .into_iter()
+        .find(|v| v.name() == variant)
+        .expect("a variant name");
+    let shape = Shape::ALL
+        .into_iter()
+        .find(|s| s.name() == shape)
+        .expect("a shape name");
+    let n: u64 = n.parse().expect("a count");
+    let ops = Ops::new();
+    let _runtime = ops.enter();
+    for _ in 0..n {
+        ops.run(variant, shape);
+    }
+    assert!(ops.is_idle());
+}
+
+/// Instructions per reconcile: two callgrind runs of this program with `n` and `2n`
+/// reconciles, so that start-up and shut-down cancel out.
+pub fn per_op(variant: Variant, shape: Shape, n: u64) -> f64 {
+    let once = total(variant, shape, n);
+    let twice = total(variant, shape, 2 * n);
+    #[allow(clippy::cast_precision_loss)]
+    let per_op = twice.saturating_sub(once) as f64 / n as f64;
+    per_op
+}
+
+fn total(variant: Variant, shape: Shape, n: u64) -> u64 {
+    let exe = std::env::current_exe().expect("this program's path");
+    let output = Command::new("valgrind")
+        .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+        .arg(exe)
+        .args(["count", variant.name(), shape.name(), &n.to_string()])
+        .output()
+        .expect("valgrind runs (apt-get install valgrind)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "callgrind run failed:\n{stderr}");
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.split_once("Collected :")
+                .map(|(_, n)| n.trim().to_owned())
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count in callgrind's output:\n{stderr}"))
+}
