@@ -2,13 +2,21 @@
 
 use std::process::Command;
 
-use crate::support::{Ops, Shape, Variant};
+use crate::support::{InFlightSet, Ops, Shape, Variant};
 
-/// The `count VARIANT SHAPE N` subcommand, run under callgrind: `n` reconciles, nothing else.
+/// The `count VARIANT SHAPE N` subcommand, run under callgrind: `n` reconciles, nothing
+/// else; or `count scan LEN N`: `n` monitor scans of `len` reconciles in flight.
 pub fn count(args: &[String]) {
     let [variant, shape, n] = args else {
-        panic!("usage: count VARIANT SHAPE N");
+        panic!("usage: count VARIANT SHAPE N | count scan LEN N");
     };
+    if variant == "scan" {
+        let mut set = InFlightSet::new(shape.parse().expect("a length"));
+        for _ in 0..n.parse::<u64>().expect("a count") {
+            set.scan();
+        }
+        return;
+    }
     let variant = Variant::ALL
         .into_iter()
         .find(|v| v.name() == variant)
