@@ -102,7 +102,6 @@ pub(crate) struct Entry {
     pub(crate) object: ObjectKey,
     pub(crate) deadline: Duration,
     pub(crate) started: Instant,
-    pub(crate) started_at: SystemTime,
     /// The instant every `*_ns` field counts from (the registry's epoch).
     epoch: Instant,
     polls: AtomicU64,
@@ -136,7 +135,6 @@ impl Entry {
             object,
             deadline,
             started: Instant::now(),
-            started_at: SystemTime::now(),
             epoch,
             polls: AtomicU64::new(0),
             poll_began_ns: AtomicU64::new(0),
@@ -160,13 +158,20 @@ impl Entry {
     }
 
     /// Records the start of a poll: a clock read and a handful of relaxed stores.
-    pub(crate) fn poll_begins(&self, waker: &std::task::Waker) {
+    pub(crate) fn poll_begins(&self) {
         self.poll_began_ns
             .store(self.stamp(Instant::now()), Ordering::Release);
-        self.polls.fetch_add(1, Ordering::Relaxed);
+        // Only the task polling the reconcile writes the count (a poll holds it by
+        // `&mut`), so a load and a store do what a read-modify-write would, for less.
+        self.polls
+            .store(self.polls.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         self.thread.store(thread::current_slot(), Ordering::Relaxed);
         self.task_id
             .store(thread::current_task_id(), Ordering::Relaxed);
+    }
+
+    /// Remembers the waker of a reconcile that now waits, so a cancel request can wake it.
+    pub(crate) fn register_waker(&self, waker: &std::task::Waker) {
         self.waker.register(waker);
     }
 
@@ -194,8 +199,14 @@ impl Entry {
         self.reported_hung.load(Ordering::Acquire)
     }
 
-    /// A plain-data copy for the monitor and the debug view.
+    /// A plain-data copy, taken alone.
     pub(crate) fn snapshot(&self) -> InFlight {
+        self.snapshot_at(&Clocks::now(), &mut thread::InfoCache::default())
+    }
+
+    /// A plain-data copy for the monitor and the debug view, one of many taken at
+    /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
+    pub(crate) fn snapshot_at(&self, clocks: &Clocks, threads: &mut thread::InfoCache) -> InFlight {
         let began = self.poll_began_ns.load(Ordering::Acquire);
         let poll = match self.instant(began) {
             Some(since) => PollState::InPoll { since },
@@ -209,13 +220,33 @@ impl Entry {
             object: self.object.clone(),
             deadline: self.deadline,
             started: self.started,
-            started_at: self.started_at,
+            // Dated on the wall clock here rather than at registration, which saves the
+            // hot path a clock read.
+            started_at: clocks
+                .wall
+                .checked_sub(clocks.now.saturating_duration_since(self.started))
+                .unwrap_or(clocks.wall),
             polls: self.polls.load(Ordering::Relaxed),
             poll,
             last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed)),
-            thread: thread::info(self.thread.load(Ordering::Relaxed)),
+            thread: threads.info(self.thread.load(Ordering::Relaxed)),
             task_id: (task_id != 0).then_some(task_id),
             cancel_requested: self.cancel_requested(),
+        }
+    }
+}
+
+/// The monotonic and wall clocks, read together once for a whole snapshot.
+pub(crate) struct Clocks {
+    now: Instant,
+    wall: SystemTime,
+}
+
+impl Clocks {
+    pub(crate) fn now() -> Self {
+        Self {
+            now: Instant::now(),
+            wall: SystemTime::now(),
         }
     }
 }

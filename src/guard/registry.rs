@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-use super::entry::{Entry, InFlight, ObjectKey, Outcome};
+use super::entry::{Clocks, Entry, InFlight, ObjectKey, Outcome};
 use super::guarded::Guarded;
+use super::thread::InfoCache;
 
 /// Deadlines per controller: a default, and overrides by controller name.
 #[derive(Clone, Debug)]
@@ -165,7 +166,14 @@ impl Registry {
     /// Like [`snapshot`](Self::snapshot), reusing `out`'s allocation.
     pub fn snapshot_into(&self, out: &mut Vec<InFlight>) {
         out.clear();
-        out.extend(self.shared.in_flight.iter().map(|e| e.value().snapshot()));
+        let clocks = Clocks::now();
+        let mut threads = InfoCache::default();
+        out.extend(
+            self.shared
+                .in_flight
+                .iter()
+                .map(|e| e.value().snapshot_at(&clocks, &mut threads)),
+        );
     }
 
     /// Takes the reconciles that ended after being reported hung.
