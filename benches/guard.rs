@@ -7,7 +7,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use support::{InFlightSet, Ops, Shape, Variant, benchmarking};
+use support::{FloorScan, InFlightSet, Ops, Shape, Variant, benchmarking};
 
 /// `guard_{1,2}_thread/{variant}/{shape}`: the time of one reconcile, enter to exit, on
 /// each of `threads` threads running at once against the same map.
@@ -65,7 +65,8 @@ fn run_on_threads(
     })
 }
 
-/// `scan/{len}`: one monitor scan (snapshot and verdict) with `len` reconciles in flight.
+/// `scan/{len}`: one monitor scan (snapshot and verdict) with `len` reconciles in
+/// flight; `scan/floor/{len}`: a pass that only checks each entry's deadline.
 fn scan(c: &mut Criterion) {
     let sizes: [usize; 3] = if benchmarking() {
         [1_000, 10_000, 100_000]
@@ -79,7 +80,20 @@ fn scan(c: &mut Criterion) {
             b.iter(|| black_box(set.scan()));
         });
         assert_eq!(set.scan(), len);
+        let floor = FloorScan::new(len);
+        group.bench_function(BenchmarkId::new("floor", len), |b| {
+            b.iter(|| black_box(floor.count_overdue(Instant::now())));
+        });
+        assert_eq!(floor.count_overdue(Instant::now()), 0);
     }
+    group.finish();
+}
+
+/// `reference/instant_now`: one monotonic clock read, the unit the guard's cost is
+/// mostly made of.
+fn clock(c: &mut Criterion) {
+    let mut group = c.benchmark_group("reference");
+    group.bench_function("instant_now", |b| b.iter(Instant::now));
     group.finish();
 }
 
@@ -88,6 +102,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = guard_overhead, scan
+    targets = guard_overhead, scan, clock
 }
 criterion_main!(benches);

@@ -41,7 +41,7 @@ impl Plan {
             interval: Duration::from_millis(10),
             probe: probe_load::Plan {
                 requests_per_sec: 2_000,
-                connections: 4,
+                connections: 2,
                 reconciles_per_sec: 10_000,
                 turn: Duration::from_secs(5),
                 turns: 3,
@@ -108,6 +108,13 @@ fn main() {
             })
             .collect()
     });
+    let scan_instructions = plan.instruction_ops.map(|_| {
+        eprintln!("instructions: callgrind, scans of 20000");
+        (
+            instructions::per_scanned_entry("scan", 20_000),
+            instructions::per_scanned_entry("scan_floor", 20_000),
+        )
+    });
     eprintln!("insert latency: {} in flight", plan.insert_in_flight);
     let insert = insert_latency::run(plan.insert_in_flight, plan.insert_for);
     eprintln!("detection: {} hangs", plan.hangs);
@@ -120,6 +127,7 @@ fn main() {
         full,
         memory,
         instructions,
+        scan_instructions,
         insert,
         detection,
         probe,

@@ -17,6 +17,8 @@ pub struct Figures {
     pub full: bool,
     pub memory: Memory,
     pub instructions: Option<HashMap<(Variant, Shape), f64>>,
+    /// Instructions per entry per scan: the monitor's scan, and the deadline-only pass.
+    pub scan_instructions: Option<(f64, f64)>,
     pub insert: InsertLatency,
     pub detection: Detection,
     pub probe: ProbeLoad,
@@ -84,7 +86,11 @@ impl Figures {
                         shape.name()
                     ))
                 };
-                let measure = format!("1. guard, {threads} thread(s), no-op `{}`", shape.name());
+                let measure = format!(
+                    "1. guard, {threads} thread{}, no-op `{}`",
+                    if threads == 1 { "" } else { "s" },
+                    shape.name()
+                );
                 let (Some(guarded), Some(floor), Some(unguarded), Some(timeout)) = (
                     time(Variant::Guarded),
                     time(Variant::Floor),
@@ -110,6 +116,15 @@ impl Figures {
                     met: Some(guarded <= 1.3 * floor && guarded < timeout),
                 });
             }
+        }
+        if let Some(ns) = criterion_median("reference/instant_now") {
+            rows.push(Row {
+                measure: "1. one `Instant::now()` (for scale)".into(),
+                figure: format!("{ns:.1} ns"),
+                budget: "—".into(),
+                reference: String::new(),
+                met: None,
+            });
         }
         if let Some(counts) = &self.instructions {
             for shape in Shape::ALL {
@@ -143,8 +158,25 @@ impl Figures {
                 } else {
                     "—".into()
                 },
-                reference: String::new(),
+                reference: criterion_median(&format!("scan/floor/{len}")).map_or_else(
+                    String::new,
+                    |ns| {
+                        format!(
+                            "deadline check only, no copy: {}",
+                            fmt(Duration::from_secs_f64(ns / 1e9))
+                        )
+                    },
+                ),
                 met: figure.filter(|_| len == 100_000).map(|ns| ns <= 5e6),
+            });
+        }
+        if let Some((scan, floor)) = self.scan_instructions {
+            rows.push(Row {
+                measure: "2. scan, instructions per entry".into(),
+                figure: format!("{scan:.0}"),
+                budget: "—".into(),
+                reference: format!("deadline check only, no copy: {floor:.0}"),
+                met: None,
             });
         }
         let insert = &mut self.insert;

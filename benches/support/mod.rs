@@ -5,7 +5,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use futures::task::AtomicWaker;
@@ -14,6 +14,9 @@ use reconcile_watchdog::monitor::{Config, Verdict};
 
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
 pub const DEADLINE: Duration = Duration::from_secs(300);
+
+/// The registry's shard count (`guard::registry::SHARDS`, private to the crate).
+const REGISTRY_SHARDS: usize = 256;
 
 /// How one reconcile is run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,8 +111,10 @@ pub fn drive<F: Future>(future: F) -> F::Output {
 }
 
 /// The floor's entry: the same fields as the guard's registry entry (`guard::entry::Entry`,
-/// private to the crate), so the allocation has the same size and the same three `Arc`s
-/// are cloned into it, but no clock is read and nothing is recorded per poll.
+/// private to the crate; keep the two in step), so the allocation has the same size and
+/// the same three `Arc`s are cloned into it, but no clock is read and nothing is recorded
+/// per poll. It goes into a map configured like the registry's (same key, value, hasher
+/// and shard count).
 #[allow(dead_code)] // Only built, inserted and removed: that is the point.
 pub struct FloorEntry {
     id: u64,
@@ -118,11 +123,40 @@ pub struct FloorEntry {
     object: ObjectKey,
     deadline: Duration,
     started: Instant,
-    started_at: SystemTime,
     epoch: Instant,
     counters: [AtomicU64; 5],
     flags: [AtomicBool; 2],
     waker: AtomicWaker,
+}
+
+/// The least a scan can do: `len` entries like the registry's in a map like the
+/// registry's, and a pass over them that only asks each whether it is overdue, copying
+/// nothing. The reference for the monitor's scan.
+pub struct FloorScan {
+    map: DashMap<u64, Arc<FloorEntry>>,
+}
+
+impl FloorScan {
+    /// `len` entries of distinct objects.
+    pub fn new(len: usize) -> Self {
+        let ops = Ops::new();
+        let map = DashMap::with_shard_amount(REGISTRY_SHARDS);
+        for id in 0..len as u64 {
+            let mut entry = ops.floor_entry(id);
+            entry.object = ObjectKey::namespaced("default", &format!("object-{id}"));
+            entry.started = Instant::now();
+            map.insert(id, Arc::new(entry));
+        }
+        Self { map }
+    }
+
+    /// How many entries are overdue at `now`.
+    pub fn count_overdue(&self, now: Instant) -> usize {
+        self.map
+            .iter()
+            .filter(|e| now.saturating_duration_since(e.started) > e.deadline)
+            .count()
+    }
 }
 
 /// One reconcile, run any of the four ways, again and again.
@@ -134,7 +168,6 @@ pub struct Ops {
     floor: DashMap<u64, Arc<FloorEntry>>,
     next_floor_id: AtomicU64,
     epoch: Instant,
-    epoch_wall: SystemTime,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -152,10 +185,9 @@ impl Ops {
             controller: "bench".into(),
             kind: "ConfigMap".into(),
             object: ObjectKey::namespaced("default", "bench-object"),
-            floor: DashMap::new(),
+            floor: DashMap::with_shard_amount(REGISTRY_SHARDS),
             next_floor_id: AtomicU64::new(1),
             epoch: Instant::now(),
-            epoch_wall: SystemTime::now(),
             runtime,
         }
     }
@@ -203,7 +235,6 @@ impl Ops {
             object: self.object.clone(),
             deadline: DEADLINE,
             started: self.epoch,
-            started_at: self.epoch_wall,
             epoch: self.epoch,
             counters: Default::default(),
             flags: Default::default(),
