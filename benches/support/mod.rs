@@ -112,8 +112,8 @@ pub fn drive<F: Future>(future: F) -> F::Output {
 
 /// The floor's entry: the same fields as the guard's registry entry (`guard::entry::Entry`,
 /// private to the crate; keep the two in step), so the allocation has the same size and
-/// the same three `Arc`s are cloned into it, but no clock is read and nothing is recorded
-/// per poll. It goes into a map configured like the registry's (same key, value, hasher
+/// the same three `Arc`s are cloned into it and the same start time is read, but nothing
+/// is recorded per poll. It goes into a map configured like the registry's (same key, value, hasher
 /// and shard count).
 #[allow(dead_code)] // Only built, inserted and removed: that is the point.
 pub struct FloorEntry {
@@ -234,7 +234,9 @@ impl Ops {
             kind: Arc::clone(&self.kind),
             object: self.object.clone(),
             deadline: DEADLINE,
-            started: self.epoch,
+            // The entry records when its reconcile started, as the registry's does: that
+            // clock read is part of any registry of reconciles with deadlines.
+            started: Instant::now(),
             epoch: self.epoch,
             counters: Default::default(),
             flags: Default::default(),
