@@ -103,7 +103,7 @@ pub(crate) struct Entry {
     pub(crate) deadline: Duration,
     pub(crate) started: Instant,
     /// The instant every `*_ns` field counts from (the registry's epoch).
-    epoch: Instant,
+    epoch: Epoch,
     polls: AtomicU64,
     /// Nanoseconds since `epoch` plus one when the current poll began; 0 outside a poll.
     poll_began_ns: AtomicU64,
@@ -126,7 +126,7 @@ impl Entry {
         kind: Arc<str>,
         object: ObjectKey,
         deadline: Duration,
-        epoch: Instant,
+        epoch: Epoch,
     ) -> Self {
         Self {
             id,
@@ -147,20 +147,28 @@ impl Entry {
         }
     }
 
-    fn stamp(&self, at: Instant) -> u64 {
+    /// Now, for a poll's record: read from the coarse clock (the kernel's last tick, a
+    /// few milliseconds old at most), which costs a fraction of a precise read. Poll
+    /// times only date hang reports, whose deadlines are seconds to minutes; the start
+    /// and the deadline use the precise clock.
+    fn stamp_now(&self) -> u64 {
+        let since = coarsetime::Instant::now_without_cache_update()
+            .duration_since(self.epoch.coarse)
+            .as_nanos();
         // +1 keeps 0 free to mean "never"; u64 nanoseconds last 584 years.
-        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX - 1)
-            + 1
+        since.min(u64::MAX - 1) + 1
     }
 
     fn instant(&self, stamp: u64) -> Option<Instant> {
-        (stamp != 0).then(|| self.epoch + Duration::from_nanos(stamp - 1))
+        // Never before the start: the coarse clock may lag the precise one by a tick.
+        (stamp != 0)
+            .then(|| (self.epoch.precise + Duration::from_nanos(stamp - 1)).max(self.started))
     }
 
     /// Records the start of a poll: a clock read and a handful of relaxed stores.
     pub(crate) fn poll_begins(&self) {
         self.poll_began_ns
-            .store(self.stamp(Instant::now()), Ordering::Release);
+            .store(self.stamp_now(), Ordering::Release);
         // Only the task polling the reconcile writes the count (a poll holds it by
         // `&mut`), so a load and a store do what a read-modify-write would, for less.
         self.polls
@@ -177,7 +185,7 @@ impl Entry {
 
     pub(crate) fn poll_ends(&self) {
         self.poll_ended_ns
-            .store(self.stamp(Instant::now()), Ordering::Relaxed);
+            .store(self.stamp_now(), Ordering::Relaxed);
         self.poll_began_ns.store(0, Ordering::Release);
     }
 
@@ -232,6 +240,22 @@ impl Entry {
             thread: threads.info(self.thread.load(Ordering::Relaxed)),
             task_id: (task_id != 0).then_some(task_id),
             cancel_requested: self.cancel_requested(),
+        }
+    }
+}
+
+/// The registry's epoch on the precise and on the coarse monotonic clock, read together.
+#[derive(Clone, Copy)]
+pub(crate) struct Epoch {
+    precise: Instant,
+    coarse: coarsetime::Instant,
+}
+
+impl Epoch {
+    pub(crate) fn now() -> Self {
+        Self {
+            precise: Instant::now(),
+            coarse: coarsetime::Instant::now_without_cache_update(),
         }
     }
 }

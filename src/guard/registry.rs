@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::entry::{Clocks, Entry, InFlight, ObjectKey, Outcome};
+use super::entry::{Clocks, Entry, Epoch, InFlight, ObjectKey, Outcome};
 use super::guarded::Guarded;
 use super::thread::InfoCache;
 
@@ -81,7 +81,7 @@ pub trait Observer: Send + Sync + 'static {
 const SHARDS: usize = 256;
 
 struct Shared {
-    epoch: Instant,
+    epoch: Epoch,
     observer: Option<Arc<dyn Observer>>,
     next_id: AtomicU64,
     in_flight: DashMap<u64, Arc<Entry>>,
@@ -120,7 +120,7 @@ impl Registry {
     fn build(deadlines: Deadlines, observer: Option<Arc<dyn Observer>>) -> Self {
         Self {
             shared: Arc::new(Shared {
-                epoch: Instant::now(),
+                epoch: Epoch::now(),
                 observer,
                 next_id: AtomicU64::new(1),
                 in_flight: DashMap::with_shard_amount(SHARDS),
