@@ -38,6 +38,20 @@ pub enum HangKind {
     None,
 }
 
+impl HangKind {
+    /// The flag value naming this kind.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Await => "await",
+            Self::Block => "block",
+            Self::Spin => "spin",
+            Self::Wedge => "wedge",
+            Self::None => "none",
+        }
+    }
+}
+
 /// What `demo` runs.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -77,21 +91,26 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         .map_err(Error::Runtime)?;
     let watchdog = builder.watch_runtime(runtime.handle().clone()).start()?;
     let probe = watchdog.probe_address().map(loopback);
+    let metrics = watchdog.metrics_address().map(loopback);
 
     let hung = &CONTROLLERS[HUNG_CONTROLLER];
     println!(
-        "reconcile-watchdog demo: {} controllers x {} objects; {} {NAMESPACE}/{}-{HUNG_OBJECT} hangs ({:?}) after {}",
+        "reconcile-watchdog demo: {} controllers x {} objects; {} {NAMESPACE}/{}-{HUNG_OBJECT} hangs ({}) after {}",
         CONTROLLERS.len(),
         options.objects,
         hung.0,
         hung.2,
-        options.hang_kind,
+        options.hang_kind.as_str(),
         humantime::format_duration(options.hang_after),
     );
     if let Some(addr) = probe {
         println!(
             "probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose http://{addr}/debug/reconciles"
         );
+    }
+    match metrics {
+        Some(addr) => println!("metrics: http://{addr}/metrics"),
+        None => println!("metrics: off"),
     }
 
     let handles: Vec<ControllerHandle> = CONTROLLERS
@@ -262,7 +281,7 @@ fn inject_hang(
             target: "reconcile_watchdog::demo",
             controller = handle.name(),
             object = %key,
-            kind = ?kind,
+            hang_kind = kind.as_str(),
             "injecting a hang"
         );
         let release = Arc::clone(&release);

@@ -26,11 +26,17 @@
 
 pub mod guard;
 pub mod health;
+pub mod metrics;
 pub mod monitor;
 pub mod probes;
 pub mod watchdog;
 
 pub use watchdog::{Builder, Watchdog};
+
+/// The README's examples compile and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 #[doc(hidden)]
 pub mod cli;

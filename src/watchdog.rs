@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::guard::{Deadlines, Registry};
 use crate::health::Health;
+use crate::metrics::Metrics;
 use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
 use crate::probes::{self, HttpServer, Probes};
 
@@ -19,6 +20,9 @@ pub enum Error {
     /// The probe server did not start.
     #[error("failed to start the probe server")]
     Probes(#[source] probes::Error),
+    /// The metrics server did not start.
+    #[error("failed to start the metrics server")]
+    Metrics(#[source] probes::Error),
 }
 
 /// Configures and starts a [`Watchdog`].
@@ -27,6 +31,7 @@ pub struct Builder {
     deadlines: Deadlines,
     monitor: monitor::Config,
     probe_address: Option<SocketAddr>,
+    metrics_address: Option<SocketAddr>,
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -75,6 +80,14 @@ impl Builder {
         self
     }
 
+    /// Serves Prometheus `/metrics` on `addr`; `None` (the default) collects no
+    /// metrics at all.
+    #[must_use]
+    pub fn metrics_address(mut self, addr: impl Into<Option<SocketAddr>>) -> Self {
+        self.metrics_address = addr.into();
+        self
+    }
+
     /// Watches the heartbeat of the runtime behind `handle` (the `runtime` check).
     #[must_use]
     pub fn watch_runtime(mut self, handle: tokio::runtime::Handle) -> Self {
@@ -84,14 +97,29 @@ impl Builder {
 
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
-        let registry = Registry::new(self.deadlines);
         let health = Arc::new(Health::new());
+        let metrics = self
+            .metrics_address
+            .map(|_| Metrics::new(Arc::clone(&health)));
+        let registry = match &metrics {
+            Some(metrics) => Registry::with_observer(self.deadlines, metrics.clone()),
+            None => Registry::new(self.deadlines),
+        };
         let heartbeat = self
             .runtime
             .as_ref()
             .map(|handle| RuntimeHeartbeat::spawn(handle, self.monitor.interval / 2));
-        let monitor = Monitor::spawn(registry.clone(), &health, self.monitor, heartbeat, None)
-            .map_err(Error::Monitor)?;
+        let scan_observer = metrics
+            .clone()
+            .map(|metrics| metrics as Arc<dyn monitor::Observer>);
+        let monitor = Monitor::spawn(
+            registry.clone(),
+            &health,
+            self.monitor,
+            heartbeat,
+            scan_observer,
+        )
+        .map_err(Error::Monitor)?;
         let probes = self
             .probe_address
             .map(|addr| {
@@ -104,11 +132,22 @@ impl Builder {
             })
             .transpose()
             .map_err(Error::Probes)?;
+        let metrics_server = match (&metrics, self.metrics_address) {
+            (Some(metrics), Some(addr)) => {
+                let metrics = Arc::clone(metrics);
+                let handler: probes::server::Handler =
+                    Arc::new(move |method, path, _query| metrics.respond(method, path));
+                Some(HttpServer::spawn("metrics-server", addr, handler).map_err(Error::Metrics)?)
+            }
+            _ => None,
+        };
         Ok(Watchdog {
             registry,
             health,
             monitor,
             probes,
+            metrics,
+            metrics_server,
         })
     }
 }
@@ -120,6 +159,8 @@ pub struct Watchdog {
     health: Arc<Health>,
     monitor: Monitor,
     probes: Option<HttpServer>,
+    metrics: Option<Arc<Metrics>>,
+    metrics_server: Option<HttpServer>,
 }
 
 impl Watchdog {
@@ -130,6 +171,7 @@ impl Watchdog {
             deadlines: Deadlines::new(Duration::from_secs(300)),
             monitor: monitor::Config::default(),
             probe_address: None,
+            metrics_address: None,
             runtime: None,
         }
     }
@@ -156,5 +198,17 @@ impl Watchdog {
     #[must_use]
     pub fn probe_address(&self) -> Option<SocketAddr> {
         self.probes.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// The metrics, when a metrics address was given.
+    #[must_use]
+    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+        self.metrics.as_ref()
+    }
+
+    /// Where `/metrics` is served, if it is.
+    #[must_use]
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics_server.as_ref().map(HttpServer::local_addr)
     }
 }

@@ -107,6 +107,7 @@ impl WatchdogArgs {
                     .unwrap_or(defaults.runtime_stall_threshold),
             )
             .probe_address(self.health_probe_bind_address)
+            .metrics_address(self.metrics_bind_address.socket_addr())
     }
 }
 
@@ -147,6 +148,17 @@ pub enum MetricsAddress {
     Enabled(SocketAddr),
     /// No metrics server.
     Disabled,
+}
+
+impl MetricsAddress {
+    /// The address to serve on, None when disabled.
+    #[must_use]
+    pub fn socket_addr(self) -> Option<SocketAddr> {
+        match self {
+            Self::Enabled(addr) => Some(addr),
+            Self::Disabled => None,
+        }
+    }
 }
 
 const DURATION_FORM: &str = "expected a duration such as 500ms, 90s, 5m or 1h30m";

@@ -335,6 +335,8 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         let shared = &self.registry.shared;
+        // Leave the map before queueing the end: the monitor takes ends before it
+        // snapshots, so it never sees one reconcile both ended and in flight.
         shared.in_flight.remove(&self.entry.id);
         let outcome = || {
             self.outcome.unwrap_or(if std::thread::panicking() {

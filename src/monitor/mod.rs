@@ -310,8 +310,10 @@ fn run(
         let now = Instant::now();
         status.beat.beat(now);
 
-        registry.snapshot_into(&mut snapshot);
+        // Ended first: a guard leaves the map before it queues its end, so nothing taken
+        // here can still be in the snapshot and be judged hung a second time.
         let ended = registry.take_ended();
+        registry.snapshot_into(&mut snapshot);
         let heartbeat_age = runtime.map(|r| r.heartbeat.age(now));
         let decision = verdict.step(&snapshot, ended, heartbeat_age, now);
 
@@ -350,5 +352,96 @@ fn run(
             }
             std::thread::park_timeout(next - now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guard::ObjectKey;
+
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !f() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn the_watchdog_check_fails_when_scans_stop() {
+        let status = Status {
+            interval: Duration::from_secs(1),
+            beat: Heartbeat::new(),
+            alive: AtomicBool::new(true),
+            published: Mutex::default(),
+        };
+        let t0 = Instant::now();
+        status.beat.beat(t0);
+        assert!(status.watchdog_check(t0 + Duration::from_secs(3)).is_ok());
+        let err = status
+            .watchdog_check(t0 + Duration::from_secs(4))
+            .unwrap_err();
+        assert!(
+            err.starts_with("the watchdog has not scanned for 4s"),
+            "{err}"
+        );
+        status.alive.store(false, Ordering::Release);
+        assert_eq!(
+            status.watchdog_check(t0).unwrap_err(),
+            "the watchdog thread has stopped"
+        );
+    }
+
+    #[test]
+    fn a_live_monitor_fails_and_recovers_liveness() {
+        let registry = Registry::new(Duration::from_millis(50));
+        let health = Health::new();
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let monitor = Monitor::spawn(registry.clone(), &health, config, None, None).unwrap();
+        assert_eq!(health.liveness.names(), ["ping", "watchdog", "reconcilers"]);
+
+        let guard = registry
+            .controller("web", "Widget")
+            .register(ObjectKey::namespaced("ns", "a"));
+        eventually("liveness to fail", || !health.liveness.run(&[]).passed());
+        let reason = health.liveness.run_one("reconcilers").unwrap().unwrap_err();
+        assert!(reason.starts_with("web ns/a running"), "{reason}");
+        assert_eq!(monitor.status().overdue().len(), 1);
+
+        drop(guard);
+        eventually("liveness to recover", || health.liveness.run(&[]).passed());
+
+        monitor.stop();
+        assert_eq!(
+            health.liveness.run_one("watchdog"),
+            Some(Err("the watchdog thread has stopped".into()))
+        );
+    }
+
+    #[test]
+    fn a_zero_interval_is_refused() {
+        let config = Config {
+            interval: Duration::ZERO,
+            ..Config::default()
+        };
+        let err = Monitor::spawn(
+            Registry::new(Duration::from_secs(1)),
+            &Health::new(),
+            config,
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the watchdog interval must be greater than zero"
+        );
     }
 }

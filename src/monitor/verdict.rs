@@ -490,3 +490,369 @@ pub fn fmt_duration(d: Duration) -> String {
     }
     humantime::format_duration(millis).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::guard::ThreadInfo;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// A reconcile of `controller` on `object` that started at `started`.
+    fn reconcile(
+        id: u64,
+        controller: &str,
+        object: &str,
+        deadline: Duration,
+        started: Instant,
+    ) -> InFlight {
+        InFlight {
+            id,
+            controller: controller.into(),
+            kind: "Widget".into(),
+            object: ObjectKey::namespaced("ns", object),
+            deadline,
+            started,
+            started_at: SystemTime::UNIX_EPOCH,
+            polls: 1,
+            poll: PollState::Awaiting,
+            last_poll_end: Some(started),
+            thread: Some(ThreadInfo {
+                name: "worker".into(),
+                tid: Some(42),
+            }),
+            task_id: Some(7),
+            cancel_requested: false,
+        }
+    }
+
+    fn in_poll(mut r: InFlight, since: Instant) -> InFlight {
+        r.poll = PollState::InPoll { since };
+        r
+    }
+
+    fn verdict(policy: HangPolicy) -> Verdict {
+        Verdict::new(Config {
+            policy,
+            interval: SECOND,
+            ..Config::default()
+        })
+    }
+
+    fn hung_ids(d: &Decision) -> Vec<u64> {
+        d.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Hung { reconcile, .. } => Some(reconcile.id),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ended(r: &InFlight, outcome: Outcome, elapsed: Duration) -> Ended {
+        Ended {
+            reconcile: r.clone(),
+            elapsed,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn on_time_reconciles_are_left_alone() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let r = reconcile(1, "web", "a", 5 * SECOND, t0);
+        // Exactly at the deadline is still on time: "outlives" means strictly past it.
+        for at in [t0, t0 + 4 * SECOND, t0 + 5 * SECOND] {
+            let d = v.step(std::slice::from_ref(&r), vec![], None, at);
+            assert!(d.events.is_empty() && d.overdue.is_empty() && d.reconcilers_failure.is_none());
+        }
+    }
+
+    #[test]
+    fn crossing_the_deadline_reports_once_and_fails_liveness() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let r = reconcile(1, "web", "a", 5 * SECOND, t0);
+
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 6 * SECOND);
+        assert_eq!(hung_ids(&d), vec![1]);
+        assert_eq!(d.mark_hung, vec![1]);
+        assert!(matches!(
+            &d.events[0],
+            Event::Hung {
+                state: HangState::Awaiting,
+                action: Action::FailLiveness,
+                ..
+            }
+        ));
+        let failure = d.reconcilers_failure.expect("liveness fails");
+        assert_eq!(failure, "web ns/a running 6s, deadline 5s (awaiting)");
+        assert!(d.cancel.is_empty());
+
+        // The next scans within the same multiple of the deadline stay quiet but failing.
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 7 * SECOND);
+        assert!(d.events.is_empty());
+        assert!(d.mark_hung.is_empty());
+        assert!(d.reconcilers_failure.is_some());
+    }
+
+    #[test]
+    fn a_reminder_for_each_further_deadline() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let r = reconcile(1, "web", "a", 5 * SECOND, t0);
+        let mut reminders = Vec::new();
+        for s in 6..=21 {
+            let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + s * SECOND);
+            for e in d.events {
+                if let Event::StillHung { deadlines, .. } = e {
+                    reminders.push((s, deadlines));
+                }
+            }
+        }
+        assert_eq!(reminders, vec![(10, 2), (15, 3), (20, 4)]);
+    }
+
+    #[test]
+    fn recovery_reports_the_end_and_clears_liveness() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let r = reconcile(1, "web", "a", 5 * SECOND, t0);
+        v.step(std::slice::from_ref(&r), vec![], None, t0 + 6 * SECOND);
+
+        let d = v.step(
+            &[],
+            vec![ended(&r, Outcome::Ok, 8 * SECOND)],
+            None,
+            t0 + 8 * SECOND,
+        );
+        assert!(d.reconcilers_failure.is_none());
+        assert!(d.overdue.is_empty());
+        assert!(matches!(&d.events[..], [Event::Ended(e)] if e.outcome == Outcome::Ok));
+
+        // A new reconcile of the same object that hangs again is a new hang.
+        let again = reconcile(2, "web", "a", 5 * SECOND, t0 + 9 * SECOND);
+        let d = v.step(std::slice::from_ref(&again), vec![], None, t0 + 15 * SECOND);
+        assert_eq!(hung_ids(&d), vec![2]);
+    }
+
+    #[test]
+    fn several_hung_reconciles_at_once() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let reconciles = [
+            reconcile(1, "web", "a", 5 * SECOND, t0),
+            in_poll(reconcile(2, "db", "b", 5 * SECOND, t0), t0 + SECOND),
+            reconcile(3, "web", "c", 5 * SECOND, t0 + 4 * SECOND), // on time at 6s
+        ];
+        let d = v.step(&reconciles, vec![], None, t0 + 6 * SECOND);
+        let mut ids = hung_ids(&d);
+        ids.sort_unstable();
+        assert_eq!(ids, vec![1, 2]);
+        assert_eq!(d.overdue.len(), 2);
+        let failure = d.reconcilers_failure.unwrap();
+        assert!(
+            failure.contains("web ns/a running 6s")
+                && failure.contains("db ns/b running 6s, deadline 5s (in-poll)"),
+            "{failure}"
+        );
+        assert!(!failure.contains("ns/c"));
+    }
+
+    #[test]
+    fn per_controller_deadlines() {
+        let t0 = Instant::now();
+        let deadlines = crate::guard::Deadlines::new(5 * SECOND).with("slow", 60 * SECOND);
+        let mut v = verdict(HangPolicy::Restart);
+        let reconciles = [
+            reconcile(1, "fast", "a", deadlines.for_controller("fast"), t0),
+            reconcile(2, "slow", "b", deadlines.for_controller("slow"), t0),
+        ];
+        let d = v.step(&reconciles, vec![], None, t0 + 30 * SECOND);
+        assert_eq!(hung_ids(&d), vec![1]);
+        let d = v.step(&reconciles, vec![], None, t0 + 61 * SECOND);
+        assert_eq!(hung_ids(&d), vec![2]);
+    }
+
+    #[test]
+    fn report_policy_logs_but_stays_healthy() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Report);
+        let r = reconcile(1, "web", "a", 5 * SECOND, t0);
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 6 * SECOND);
+        assert!(matches!(
+            &d.events[0],
+            Event::Hung {
+                action: Action::ReportOnly,
+                ..
+            }
+        ));
+        assert!(d.reconcilers_failure.is_none());
+        assert!(d.cancel.is_empty());
+        assert_eq!(d.overdue.len(), 1);
+    }
+
+    #[test]
+    fn cancel_policy_cancels_an_await_and_stays_healthy() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Cancel);
+        let r = reconcile(1, "web", "a", 5 * SECOND, t0);
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 6 * SECOND);
+        assert_eq!(d.cancel, vec![1]);
+        assert!(matches!(
+            &d.events[0],
+            Event::Hung {
+                action: Action::CancelRequested,
+                ..
+            }
+        ));
+        assert!(d.reconcilers_failure.is_none());
+        // It ends cancelled before the next scan.
+        let d = v.step(
+            &[],
+            vec![ended(&r, Outcome::Cancelled, 6 * SECOND)],
+            None,
+            t0 + 7 * SECOND,
+        );
+        assert!(d.reconcilers_failure.is_none());
+    }
+
+    #[test]
+    fn cancel_policy_escalates_a_hang_that_cannot_see_the_cancel() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Cancel);
+        let r = in_poll(reconcile(1, "web", "a", 5 * SECOND, t0), t0 + SECOND);
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 6 * SECOND);
+        assert_eq!(d.cancel, vec![1]);
+        assert!(matches!(
+            &d.events[0],
+            Event::Hung {
+                action: Action::CancelPendingInPoll,
+                ..
+            }
+        ));
+        assert!(
+            d.reconcilers_failure.is_none(),
+            "one interval of grace first"
+        );
+
+        let d = v.step(
+            std::slice::from_ref(&r),
+            vec![],
+            None,
+            t0 + 6 * SECOND + SECOND / 2,
+        );
+        assert!(d.reconcilers_failure.is_none() && d.cancel.is_empty());
+
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 7 * SECOND);
+        assert!(d.cancel.is_empty(), "asked once is enough");
+        assert!(matches!(&d.events[..], [Event::Escalated { .. }]));
+        assert!(d.reconcilers_failure.unwrap().contains("web ns/a"));
+
+        // Stays escalated, and its reminders say so.
+        let d = v.step(std::slice::from_ref(&r), vec![], None, t0 + 10 * SECOND);
+        assert!(matches!(
+            &d.events[..],
+            [Event::StillHung {
+                action: Action::Escalated,
+                ..
+            }]
+        ));
+        assert!(d.reconcilers_failure.is_some());
+    }
+
+    #[test]
+    fn cancel_policy_escalates_an_object_cancelled_too_often() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            policy: HangPolicy::Cancel,
+            interval: SECOND,
+            cancel_limit: 3,
+            cancel_window: 60 * SECOND,
+            ..Config::default()
+        });
+        let mut now = t0;
+        for id in 1..=3 {
+            let r = reconcile(id, "web", "a", 5 * SECOND, now);
+            now += 6 * SECOND;
+            let d = v.step(std::slice::from_ref(&r), vec![], None, now);
+            assert_eq!(d.cancel, vec![id]);
+            now += SECOND;
+            let d = v.step(
+                &[],
+                vec![ended(&r, Outcome::Cancelled, 6 * SECOND)],
+                None,
+                now,
+            );
+            let failing = d.reconcilers_failure.is_some();
+            assert_eq!(failing, id == 3, "cancellation {id}");
+        }
+        let d = v.step(&[], vec![], None, now);
+        assert_eq!(
+            d.reconcilers_failure.unwrap(),
+            "web ns/a cancelled 3 times within 1m"
+        );
+        // Once the window has passed, the count ages out and liveness recovers.
+        let d = v.step(&[], vec![], None, now + 60 * SECOND);
+        assert!(d.reconcilers_failure.is_none());
+    }
+
+    #[test]
+    fn a_stalled_runtime_fails_once_and_recovers() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            runtime_stall_threshold: 10 * SECOND,
+            ..Config::default()
+        });
+        let stuck = in_poll(reconcile(1, "web", "a", 600 * SECOND, t0), t0);
+        let d = v.step(
+            std::slice::from_ref(&stuck),
+            vec![],
+            Some(9 * SECOND),
+            t0 + 9 * SECOND,
+        );
+        assert!(d.runtime_failure.is_none() && d.events.is_empty());
+
+        let d = v.step(
+            std::slice::from_ref(&stuck),
+            vec![],
+            Some(11 * SECOND),
+            t0 + 11 * SECOND,
+        );
+        assert!(
+            d.runtime_failure
+                .unwrap()
+                .starts_with("async runtime heartbeat is 11s old")
+        );
+        assert!(
+            matches!(&d.events[..], [Event::RuntimeStalled { in_poll, .. }] if in_poll.len() == 1)
+        );
+
+        let d = v.step(
+            std::slice::from_ref(&stuck),
+            vec![],
+            Some(12 * SECOND),
+            t0 + 12 * SECOND,
+        );
+        assert!(d.events.is_empty() && d.runtime_failure.is_some());
+
+        let d = v.step(&[], vec![], Some(SECOND / 2), t0 + 13 * SECOND);
+        assert!(d.runtime_failure.is_none());
+        assert!(matches!(&d.events[..], [Event::RuntimeRecovered { .. }]));
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(fmt_duration(Duration::from_micros(3_012_345)), "3s 12ms");
+        assert_eq!(fmt_duration(Duration::from_micros(250)), "250us");
+        assert_eq!(fmt_duration(Duration::ZERO), "0s");
+        assert_eq!(
+            deadlines_crossed(Duration::from_secs(11), Duration::from_secs(5)),
+            2
+        );
+        assert_eq!(deadlines_crossed(Duration::from_secs(1), Duration::ZERO), 1);
+    }
+}

@@ -59,17 +59,10 @@ impl Probes {
     fn respond_get(&self, method: &Method, path: &str, query: &str) -> Response<String> {
         let route = route(path);
         if matches!(route, Route::NotFound) {
-            return text(StatusCode::NOT_FOUND, "404 page not found\n".into());
+            return not_found();
         }
         if method != Method::GET && method != Method::HEAD {
-            let mut response = text(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed\n".into(),
-            );
-            response
-                .headers_mut()
-                .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
-            return response;
+            return method_not_allowed();
         }
         match route {
             Route::All(set) => self.all(self.set(set), &Query::parse(query)),
@@ -111,7 +104,7 @@ impl Probes {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("internal server error: {reason}\n"),
             ),
-            None => text(StatusCode::NOT_FOUND, "404 page not found\n".into()),
+            None => not_found(),
         }
     }
 
@@ -218,6 +211,24 @@ fn route(path: &str) -> Route<'_> {
     }
 }
 
+/// 404, worded as kube-apiserver words it.
+pub(crate) fn not_found() -> Response<String> {
+    text(StatusCode::NOT_FOUND, "404 page not found\n".into())
+}
+
+/// 405, with the methods that are allowed.
+pub(crate) fn method_not_allowed() -> Response<String> {
+    let mut response = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed\n".into(),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+    response
+}
+
+/// A plain-text response with the headers every probe answer carries.
 fn text(status: StatusCode, body: String) -> Response<String> {
     let mut response = Response::new(body);
     *response.status_mut() = status;

@@ -72,34 +72,10 @@ impl HttpServer {
             .map_err(start)?;
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
 
-        let thread =
-            std::thread::Builder::new()
-                .name(name.to_owned())
-                .spawn(move || {
-                    runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => listener,
-                        Err(error) => {
-                            tracing::error!(%error, "probe listener could not join the runtime");
-                            return;
-                        }
-                    };
-                    let routes = warp::method()
-                        .and(warp::path::full())
-                        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
-                        .map(move |method: Method, path: warp::path::FullPath, query: String| {
-                            handler(&method, path.as_str(), &query)
-                        });
-                    warp::serve(routes)
-                        .incoming(listener)
-                        .graceful(async {
-                            let _ = shutdown_rx.await;
-                        })
-                        .run()
-                        .await;
-                });
-                })
-                .map_err(start)?;
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || runtime.block_on(serve(listener, handler, shutdown_rx)))
+            .map_err(start)?;
         Ok(Self {
             local_addr,
             shutdown: Some(shutdown),
@@ -111,6 +87,32 @@ impl HttpServer {
     #[must_use]
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+}
+
+/// Serves `handler` on `listener` until `shutdown` fires.
+async fn serve(listener: TcpListener, handler: Handler, shutdown: oneshot::Receiver<()>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "the listener could not join the server's runtime");
+            return;
+        }
+    };
+    let routes = warp::method()
+        .and(warp::path::full())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
+        .map(
+            move |method: Method, path: warp::path::FullPath, query: String| {
+                handler(&method, path.as_str(), &query)
+            },
+        );
+    // Not warp's graceful shutdown: it waits for every open connection, and a client
+    // that stalls mid-request would hold the process open. Returning drops the runtime,
+    // which cancels the connections.
+    tokio::select! {
+        () = warp::serve(routes).incoming(listener).run() => {}
+        _ = shutdown => {}
     }
 }
 
@@ -155,5 +157,26 @@ mod tests {
         let handler: Handler = Arc::new(|_, _, _| Response::new(String::new()));
         let err = HttpServer::spawn("probe", addr, handler).unwrap_err();
         assert_eq!(err.to_string(), format!("failed to bind {addr}"));
+    }
+
+    #[test]
+    fn a_client_stalled_mid_request_does_not_hold_shutdown() {
+        use std::io::Write;
+        let handler: Handler = Arc::new(|_, _, _| Response::new("ok".into()));
+        let server = HttpServer::spawn("probe", "127.0.0.1:0".parse().unwrap(), handler).unwrap();
+        let mut stalled = std::net::TcpStream::connect(server.local_addr()).unwrap();
+        stalled.write_all(b"GET /heal").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(server);
+            let _ = done_tx.send(());
+        });
+        assert!(
+            done_rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .is_ok(),
+            "dropping the server hung on a stalled client"
+        );
     }
 }

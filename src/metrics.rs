@@ -1,0 +1,646 @@
+//! Prometheus metrics of the watchdog, in the OpenMetrics text format.
+//!
+//! [`Metrics`] is fed by the hooks the core already has: it is the registry's
+//! [`guard::Observer`] (every reconcile that ends) and the monitor's
+//! [`monitor::Observer`] (every scan, with its snapshot and decision). The health
+//! checks are run at scrape time, so `/metrics` shows what `/healthz` would answer now.
+//! Every name starts with `reconcile_watchdog_`; `docs/operations.md` lists them.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use reconcile_watchdog::guard::{ObjectKey, Registry};
+//! use reconcile_watchdog::health::Health;
+//! use reconcile_watchdog::metrics::Metrics;
+//!
+//! # async fn example() {
+//! let metrics = Metrics::new(Arc::new(Health::new()));
+//! let registry = Registry::with_observer(Duration::from_secs(300), metrics.clone());
+//! let _ = registry
+//!     .controller("configmaps", "ConfigMap")
+//!     .guard(ObjectKey::namespaced("default", "app"), async { Ok::<_, ()>(()) })
+//!     .await;
+//! assert!(metrics.encode().contains(
+//!     r#"reconcile_watchdog_reconcile_duration_seconds_count{controller="configmaps",outcome="ok"} 1"#
+//! ));
+//! # }
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Unit;
+use warp::http::{Method, Response, header};
+
+use crate::guard::{self, Outcome};
+use crate::health::Health;
+use crate::monitor::{self, HangState, Scan, verdict::Event};
+use crate::probes::routes::{method_not_allowed, not_found};
+
+/// The prefix of every metric name.
+pub const PREFIX: &str = "reconcile_watchdog";
+
+/// The content type of the OpenMetrics text format.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Reconcile duration buckets, in seconds: 10 ms to an hour, dense where deadlines are
+/// usually chosen (seconds to minutes).
+pub const RECONCILE_BUCKETS: [f64; 17] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
+];
+
+/// Monitor scan duration buckets, in seconds: 50 µs to 1 s. A scan copies the registry
+/// and decides; anything near the interval is a problem.
+pub const SCAN_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.25, 1.0,
+];
+
+/// Every [`Outcome`], in the order of [`outcome_index`].
+const OUTCOMES: [Outcome; 5] = [
+    Outcome::Ok,
+    Outcome::Error,
+    Outcome::Panic,
+    Outcome::Cancelled,
+    Outcome::Dropped,
+];
+
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Ok => 0,
+        Outcome::Error => 1,
+        Outcome::Panic => 2,
+        Outcome::Cancelled => 3,
+        Outcome::Dropped => 4,
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    controller: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HangLabels {
+    controller: String,
+    state: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The labelled families, kept to create each controller's series from.
+#[derive(Debug)]
+struct Families {
+    reconcile_duration: HistogramFamily<OutcomeLabels>,
+    in_flight: Family<ControllerLabels, Gauge>,
+    overdue: Family<ControllerLabels, Gauge>,
+    hangs: Family<HangLabels, Counter>,
+    cancellations: Family<ControllerLabels, Counter>,
+    escalations: Family<ControllerLabels, Counter>,
+}
+
+/// One controller's series, resolved once so that the per-reconcile hook neither
+/// allocates nor formats labels.
+#[derive(Debug)]
+struct ControllerSeries {
+    durations: [Histogram; OUTCOMES.len()],
+    in_flight: Gauge,
+    overdue: Gauge,
+    hangs_awaiting: Counter,
+    hangs_in_poll: Counter,
+    cancellations: Counter,
+    escalations: Counter,
+}
+
+impl ControllerSeries {
+    fn new(families: &Families, controller: &str) -> Self {
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        let hangs = |state: HangState| {
+            families.hangs.get_or_create_owned(&HangLabels {
+                controller: controller.to_owned(),
+                state: state.as_str(),
+            })
+        };
+        Self {
+            durations: OUTCOMES.map(|outcome| {
+                families
+                    .reconcile_duration
+                    .get_or_create_owned(&OutcomeLabels {
+                        controller: controller.to_owned(),
+                        outcome: outcome.as_str(),
+                    })
+            }),
+            in_flight: families.in_flight.get_or_create_owned(&labels),
+            overdue: families.overdue.get_or_create_owned(&labels),
+            hangs_awaiting: hangs(HangState::Awaiting),
+            hangs_in_poll: hangs(HangState::InPoll),
+            cancellations: families.cancellations.get_or_create_owned(&labels),
+            escalations: families.escalations.get_or_create_owned(&labels),
+        }
+    }
+
+    fn hangs(&self, state: HangState) -> &Counter {
+        match state {
+            HangState::Awaiting => &self.hangs_awaiting,
+            HangState::InPoll => &self.hangs_in_poll,
+        }
+    }
+}
+
+/// The watchdog's metrics. Share it as an `Arc`: hand it to
+/// [`Registry::with_observer`](guard::Registry::with_observer) and
+/// [`Monitor::spawn`](monitor::Monitor::spawn), and serve [`respond`](Self::respond).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: prometheus_client::registry::Registry,
+    families: Families,
+    controllers: RwLock<HashMap<Arc<str>, ControllerSeries>>,
+    scan_duration: Histogram,
+    runtime_heartbeat_age: Gauge<f64, AtomicU64>,
+}
+
+impl Metrics {
+    /// Metrics whose health-check gauges run the checks of `health` at each scrape.
+    #[must_use]
+    pub fn new(health: Arc<Health>) -> Arc<Self> {
+        let mut registry = prometheus_client::registry::Registry::with_prefix(PREFIX);
+        let families = Families {
+            reconcile_duration: Family::new_with_constructor(|| Histogram::new(RECONCILE_BUCKETS)),
+            in_flight: Family::default(),
+            overdue: Family::default(),
+            hangs: Family::default(),
+            cancellations: Family::default(),
+            escalations: Family::default(),
+        };
+        let scan_duration = Histogram::new(SCAN_BUCKETS);
+        let runtime_heartbeat_age = Gauge::<f64, AtomicU64>::default();
+
+        // Names without unit or `_total`: the encoder appends them.
+        registry.register_with_unit(
+            "reconcile_duration",
+            "How long reconciles took, by controller and outcome (ok, error, panic, cancelled, dropped)",
+            Unit::Seconds,
+            families.reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running at the latest watchdog scan, by controller",
+            families.in_flight.clone(),
+        );
+        registry.register(
+            "reconciles_overdue",
+            "Reconciles past their deadline at the latest watchdog scan, by controller",
+            families.overdue.clone(),
+        );
+        registry.register(
+            "hangs",
+            "Reconciles newly found past their deadline, by controller and state (awaiting, in-poll)",
+            families.hangs.clone(),
+        );
+        registry.register(
+            "cancellations",
+            "Overdue reconciles the watchdog asked to stop (--on-hang cancel), by controller",
+            families.cancellations.clone(),
+        );
+        registry.register(
+            "escalations",
+            "Cancellations that did not stop a reconcile and now fail liveness, by controller",
+            families.escalations.clone(),
+        );
+        registry.register_with_unit(
+            "scan_duration",
+            "How long one watchdog scan took (snapshot, decision and reports)",
+            Unit::Seconds,
+            scan_duration.clone(),
+        );
+        registry.register_with_unit(
+            "runtime_heartbeat_age",
+            "Age of the watched async runtime's heartbeat at the latest scan",
+            Unit::Seconds,
+            runtime_heartbeat_age.clone(),
+        );
+        registry.register_collector(Box::new(HealthChecks(health)));
+
+        Arc::new(Self {
+            registry,
+            families,
+            controllers: RwLock::new(HashMap::new()),
+            scan_duration,
+            runtime_heartbeat_age,
+        })
+    }
+
+    /// The whole exposition in the OpenMetrics text format, `# EOF` included.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; a collector cannot fail either.
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            tracing::error!("metrics: encoding the exposition failed");
+        }
+        out
+    }
+
+    /// The response to `method path`: `GET|HEAD /metrics`, 404 elsewhere, 405 for
+    /// other methods.
+    #[must_use]
+    pub fn respond(&self, method: &Method, path: &str) -> Response<String> {
+        if path != "/metrics" {
+            return not_found();
+        }
+        if method != Method::GET && method != Method::HEAD {
+            return method_not_allowed();
+        }
+        let body = if method == Method::HEAD {
+            String::new()
+        } else {
+            self.encode()
+        };
+        let mut response = Response::new(body);
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(CONTENT_TYPE),
+        );
+        response
+    }
+
+    /// Creates the series of `controller` up front, so that they read 0 before its
+    /// first reconcile ends instead of being absent.
+    pub fn add_controller(&self, controller: &str) {
+        self.with_series(controller, |_| ());
+    }
+
+    /// Runs `f` on the series of `controller`, creating them on first sight. The common
+    /// case takes one read lock and allocates nothing.
+    fn with_series<R>(&self, controller: &str, f: impl FnOnce(&ControllerSeries) -> R) -> R {
+        {
+            let controllers = self.controllers.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(series) = controllers.get(controller) {
+                return f(series);
+            }
+        }
+        let mut controllers = self.controllers.write().unwrap_or_else(|p| p.into_inner());
+        let series = controllers
+            .entry(controller.into())
+            .or_insert_with(|| ControllerSeries::new(&self.families, controller));
+        f(series)
+    }
+}
+
+impl guard::Observer for Metrics {
+    fn finished(&self, controller: &str, _kind: &str, outcome: Outcome, elapsed: Duration) {
+        self.with_series(controller, |series| {
+            series.durations[outcome_index(outcome)].observe(elapsed.as_secs_f64());
+        });
+    }
+}
+
+impl monitor::Observer for Metrics {
+    fn scanned(&self, scan: &Scan<'_>) {
+        self.scan_duration.observe(scan.took.as_secs_f64());
+        if let Some(age) = scan.runtime_heartbeat_age {
+            self.runtime_heartbeat_age.set(age.as_secs_f64());
+        }
+
+        // In flight and overdue per controller; every known controller is set, so one
+        // whose reconciles all ended reads 0 rather than its last count.
+        let mut counts: HashMap<&str, (i64, i64)> = HashMap::new();
+        for reconcile in scan.in_flight {
+            counts.entry(&reconcile.controller).or_default().0 += 1;
+        }
+        for overdue in &scan.decision.overdue {
+            counts.entry(&overdue.reconcile.controller).or_default().1 += 1;
+        }
+        for controller in counts.keys() {
+            self.add_controller(controller);
+        }
+        {
+            let controllers = self.controllers.read().unwrap_or_else(|p| p.into_inner());
+            for (controller, series) in controllers.iter() {
+                let (in_flight, overdue) = counts.get(&**controller).copied().unwrap_or_default();
+                series.in_flight.set(in_flight);
+                series.overdue.set(overdue);
+            }
+        }
+
+        for event in &scan.decision.events {
+            match event {
+                Event::Hung {
+                    reconcile, state, ..
+                } => self.with_series(&reconcile.controller, |s| {
+                    s.hangs(*state).inc();
+                }),
+                Event::Escalated { controller, .. } => self.with_series(controller, |s| {
+                    s.escalations.inc();
+                }),
+                _ => {}
+            }
+        }
+        for id in &scan.decision.cancel {
+            if let Some(reconcile) = scan.in_flight.iter().find(|r| r.id == *id) {
+                self.with_series(&reconcile.controller, |s| {
+                    s.cancellations.inc();
+                });
+            }
+        }
+    }
+}
+
+/// `reconcile_watchdog_health_check_passing{probe, check}`: runs every check of both
+/// sets at scrape time.
+#[derive(Debug)]
+struct HealthChecks(Arc<Health>);
+
+impl Collector for HealthChecks {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "health_check_passing",
+            "Whether a health check passes now (1) or fails (0), by probe (healthz, readyz) and check.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for checks in [&self.0.liveness, &self.0.readiness] {
+            for check in checks.run(&[]).checks {
+                let labels = [("probe", checks.endpoint()), ("check", check.name.as_str())];
+                ConstGauge::new(i64::from(check.result.is_ok()))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use warp::http::StatusCode;
+
+    use super::*;
+    use crate::guard::{ObjectKey, Registry};
+    use crate::health::FnCheck;
+    use crate::monitor::{Config, HangPolicy, Verdict};
+
+    fn line<'a>(exposition: &'a str, prefix: &str) -> Option<&'a str> {
+        exposition
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .map(|l| l[prefix.len()..].trim())
+    }
+
+    #[test]
+    fn reconcile_ends_land_in_the_histogram_by_outcome() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        let registry = Registry::with_observer(Duration::from_secs(60), metrics.clone());
+        let web = registry.controller("web", "Deployment");
+        web.register(ObjectKey::cluster("a")).finish(Outcome::Ok);
+        web.register(ObjectKey::cluster("b")).finish(Outcome::Error);
+        drop(web.register(ObjectKey::cluster("c")));
+        let text = metrics.encode();
+        for (outcome, count) in [
+            ("ok", "1"),
+            ("error", "1"),
+            ("dropped", "1"),
+            ("panic", "0"),
+            ("cancelled", "0"),
+        ] {
+            let prefix = format!(
+                "reconcile_watchdog_reconcile_duration_seconds_count{{controller=\"web\",outcome=\"{outcome}\"}}"
+            );
+            assert_eq!(line(&text, &prefix), Some(count), "{outcome}\n{text}");
+        }
+        assert!(text.contains("# UNIT reconcile_watchdog_reconcile_duration_seconds seconds\n"));
+        assert!(
+            text.contains(
+                "reconcile_watchdog_reconcile_duration_seconds_bucket{le=\"3600.0\",controller=\"web\",outcome=\"ok\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        let registry = Registry::new(Duration::from_secs(60));
+        let hung = registry.register(
+            "jobs".into(),
+            "Job".into(),
+            ObjectKey::namespaced("ns", "stuck"),
+            Duration::ZERO,
+        );
+        let config = Config {
+            interval: Duration::from_millis(100),
+            policy: HangPolicy::Cancel,
+            ..Config::default()
+        };
+        let mut verdict = Verdict::new(config);
+        let scan = |now: Instant, verdict: &mut Verdict| {
+            let in_flight = registry.snapshot();
+            let decision = verdict.step(
+                &in_flight,
+                registry.take_ended(),
+                Some(Duration::from_millis(1500)),
+                now,
+            );
+            monitor::Observer::scanned(
+                &*metrics,
+                &Scan {
+                    in_flight: &in_flight,
+                    decision: &decision,
+                    took: Duration::from_micros(70),
+                    runtime_heartbeat_age: Some(Duration::from_millis(1500)),
+                },
+            );
+        };
+        let start = Instant::now();
+        scan(start + Duration::from_millis(1), &mut verdict);
+        let text = metrics.encode();
+        let get = |text: &str, name: &str| line(text, name).map(str::to_owned);
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_reconciles_in_flight{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_reconciles_overdue{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_hangs_total{controller=\"jobs\",state=\"awaiting\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_hangs_total{controller=\"jobs\",state=\"in-poll\"}"
+            )
+            .as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_cancellations_total{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_escalations_total{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            get(&text, "reconcile_watchdog_runtime_heartbeat_age_seconds").as_deref(),
+            Some("1.5")
+        );
+        assert_eq!(
+            get(&text, "reconcile_watchdog_scan_duration_seconds_count").as_deref(),
+            Some("1")
+        );
+
+        // Still there a whole interval after the cancel request: escalated, not re-counted.
+        scan(start + Duration::from_millis(200), &mut verdict);
+        let text = metrics.encode();
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_escalations_total{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_hangs_total{controller=\"jobs\",state=\"awaiting\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_cancellations_total{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("1")
+        );
+
+        drop(hung);
+        scan(start + Duration::from_millis(300), &mut verdict);
+        let text = metrics.encode();
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_reconciles_in_flight{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_reconciles_overdue{controller=\"jobs\"}"
+            )
+            .as_deref(),
+            Some("0")
+        );
+    }
+
+    #[test]
+    fn health_checks_are_run_at_scrape_time() {
+        let health = Arc::new(Health::new());
+        let metrics = Metrics::new(Arc::clone(&health));
+        let text = metrics.encode();
+        assert!(
+            text.contains("# TYPE reconcile_watchdog_health_check_passing gauge\n"),
+            "{text}"
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_health_check_passing{probe=\"readyz\",check=\"shutdown\"}"
+            ),
+            Some("1")
+        );
+        health.shutdown.begin();
+        health
+            .liveness
+            .add(Arc::new(FnCheck::new("broken", || Err("no".into()))));
+        let text = metrics.encode();
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_health_check_passing{probe=\"readyz\",check=\"shutdown\"}"
+            ),
+            Some("0")
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_health_check_passing{probe=\"healthz\",check=\"broken\"}"
+            ),
+            Some("0")
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_health_check_passing{probe=\"healthz\",check=\"ping\"}"
+            ),
+            Some("1")
+        );
+    }
+
+    #[test]
+    fn serves_only_get_and_head_of_metrics() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        let r = metrics.respond(&Method::GET, "/metrics");
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
+        assert!(r.body().ends_with("# EOF\n"));
+        let r = metrics.respond(&Method::HEAD, "/metrics");
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.body().is_empty());
+        assert_eq!(
+            metrics.respond(&Method::POST, "/metrics").status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            metrics.respond(&Method::GET, "/healthz").status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! `docs/flags.md` against `--help`: every subcommand that `--help` lists has a section
+//! whose table names exactly its flags, with their environment variables and defaults.
+//! Sections for subcommands this build does not have are not checked.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use support::BIN;
+
+/// A flag as documented or as `--help` shows it: (environment variable, default).
+type Flags = BTreeMap<String, (String, String)>;
+
+/// Runs the binary with `args`, with no RECONCILE_WATCHDOG_* variable set (clap shows a
+/// set variable's value in `--help`).
+fn help(args: &[&str]) -> String {
+    let mut command = Command::new(BIN);
+    command.args(args);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("RECONCILE_WATCHDOG_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().expect("the binary runs");
+    assert!(output.status.success(), "{args:?} failed: {output:?}");
+    String::from_utf8(output.stdout).expect("help is UTF-8")
+}
+
+/// The subcommands under `Commands:` in the top-level `--help`, but `help` itself.
+fn subcommands() -> Vec<String> {
+    let text = help(&["--help"]);
+    let commands = text
+        .split("Commands:\n")
+        .nth(1)
+        .expect("--help lists its commands");
+    commands
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Between `[KEY: ` and the next `]` in `block`.
+fn bracketed<'a>(block: &'a str, key: &str) -> Option<&'a str> {
+    let start = block.find(&format!("[{key}: "))? + key.len() + 3;
+    let len = block[start..].find(']')?;
+    Some(&block[start..start + len])
+}
+
+/// A default as `--help` gives it for `subcommand`. clap's own `[default: X]`, or the
+/// form `[default: 5m; demo: 3s]` of flags whose default differs per subcommand: the
+/// entry prefixed `SUBCOMMAND: ` when there is one, else the unprefixed one.
+fn default_for(raw: &str, subcommand: &str) -> String {
+    let entries: Vec<&str> = raw.split("; ").collect();
+    let prefix = format!("{subcommand}: ");
+    entries
+        .iter()
+        .find_map(|e| e.strip_prefix(&prefix))
+        .or_else(|| entries.iter().copied().find(|e| !e.contains(": ")))
+        .unwrap_or_else(|| panic!("no default for {subcommand} in {raw:?}"))
+        .to_owned()
+}
+
+/// The flags of `reconcile-watchdog SUBCOMMAND --help`, but `--help` and `--version`.
+fn flags_in_help(subcommand: &str) -> Flags {
+    let text = help(&[subcommand, "--help"]);
+    let options = text
+        .split("Options:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{subcommand} --help has no Options"));
+    // Each flag starts a line `  -x, --name <VALUE>` or `      --name <VALUE>`.
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    for line in options.lines() {
+        let trimmed = line.trim_start();
+        let flag = trimmed
+            .strip_prefix("--")
+            .or_else(|| trimmed.split_once(", --").map(|(_, rest)| rest))
+            .filter(|_| line.len() - trimmed.len() <= 6);
+        match flag {
+            Some(rest) => {
+                let name = rest.split_whitespace().next().unwrap_or_default();
+                blocks.push((format!("--{name}"), String::new()));
+            }
+            None => {
+                if let Some((_, block)) = blocks.last_mut() {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+            }
+        }
+    }
+    blocks
+        .into_iter()
+        .filter(|(name, _)| name != "--help" && name != "--version")
+        .map(|(name, block)| {
+            let env = bracketed(&block, "env")
+                .map(|e| e.trim_end_matches('=').to_owned())
+                .unwrap_or_else(|| panic!("{subcommand} {name} has no environment variable"));
+            let default = bracketed(&block, "default")
+                .map_or_else(|| "—".to_owned(), |raw| default_for(raw, subcommand));
+            (name, (env, default))
+        })
+        .collect()
+}
+
+/// `## \`NAME\`` sections of docs/flags.md and the flags in their tables.
+fn flags_in_doc() -> BTreeMap<String, Flags> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/flags.md");
+    let doc = std::fs::read_to_string(path).expect("docs/flags.md exists");
+    let unquote = |cell: &str| {
+        let cell = cell.trim();
+        cell.strip_prefix('`')
+            .and_then(|c| c.strip_suffix('`'))
+            .unwrap_or(cell)
+            .to_owned()
+    };
+    doc.split("\n## `")
+        .skip(1)
+        .map(|section| {
+            let (name, body) = section.split_once('`').expect("a section heading");
+            let flags = body
+                .lines()
+                .filter(|l| l.starts_with("| `--"))
+                .map(|row| {
+                    let cells: Vec<&str> = row.split('|').collect();
+                    assert!(cells.len() >= 5, "short table row {row:?}");
+                    (unquote(cells[1]), (unquote(cells[2]), unquote(cells[3])))
+                })
+                .collect();
+            (name.to_owned(), flags)
+        })
+        .collect()
+}
+
+#[test]
+fn flags_md_matches_help_for_every_subcommand() {
+    let documented = flags_in_doc();
+    let subcommands = subcommands();
+    assert!(subcommands.contains(&"demo".to_owned()), "{subcommands:?}");
+    for subcommand in &subcommands {
+        let doc = documented
+            .get(subcommand)
+            .unwrap_or_else(|| panic!("docs/flags.md has no section for `{subcommand}`"));
+        let help = flags_in_help(subcommand);
+        let missing: Vec<_> = help.keys().filter(|f| !doc.contains_key(*f)).collect();
+        let stale: Vec<_> = doc.keys().filter(|f| !help.contains_key(*f)).collect();
+        assert!(
+            missing.is_empty() && stale.is_empty(),
+            "{subcommand}: undocumented flags {missing:?}; documented but gone {stale:?}"
+        );
+        for (flag, (env, default)) in &help {
+            assert_eq!(
+                &doc[flag],
+                &(env.clone(), default.clone()),
+                "docs/flags.md `{subcommand}` {flag}: (variable, default) differ from --help"
+            );
+        }
+    }
+}
+
+#[test]
+fn help_parsing_reads_defaults_per_subcommand() {
+    assert_eq!(default_for("5m; demo: 3s", "demo"), "3s");
+    assert_eq!(default_for("5m; demo: 3s", "run"), "5m");
+    assert_eq!(default_for("0.0.0.0:8081", "demo"), "0.0.0.0:8081");
+    let demo = flags_in_help("demo");
+    assert_eq!(
+        demo.get("--on-hang"),
+        Some(&(
+            "RECONCILE_WATCHDOG_ON_HANG".to_owned(),
+            "restart".to_owned()
+        ))
+    );
+    assert_eq!(
+        demo.get("--hang-for"),
+        Some(&(
+            "RECONCILE_WATCHDOG_DEMO_HANG_FOR".to_owned(),
+            "—".to_owned()
+        ))
+    );
+    assert!(!demo.contains_key("--help"));
+}

@@ -1,0 +1,156 @@
+//! The guard leaves the registry on every exit path, and records what the monitor reads.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::FutureExt;
+use reconcile_watchdog::guard::{self, ObjectKey, Observer, Outcome, PollState, Registry};
+
+/// Pending on the first poll (after waking itself), then `Ok` — a one-await reconcile.
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts([AtomicUsize; 5]);
+
+impl Observer for Counts {
+    fn finished(&self, _: &str, _: &str, outcome: Outcome, _: Duration) {
+        let i = match outcome {
+            Outcome::Ok => 0,
+            Outcome::Error => 1,
+            Outcome::Panic => 2,
+            Outcome::Cancelled => 3,
+            Outcome::Dropped => 4,
+        };
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_thousand_reconciles_leave_the_registry_empty() {
+    // Panics are caught by the guard; keep their messages out of the test output.
+    std::panic::set_hook(Box::new(|_| {}));
+    let counts = Arc::new(Counts::default());
+    let registry = Registry::with_observer(Duration::from_secs(60), counts.clone());
+    let web = registry.controller("web", "Widget");
+    const N: usize = 100_000;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..N {
+        let key = ObjectKey::namespaced("ns", &format!("obj-{}", i % 1000));
+        let guarded = web.guard(key, async move {
+            YieldOnce(false).await;
+            match i % 4 {
+                0 => Ok(()),
+                1 => Err("conflict"),
+                2 => panic!("reconcile {i} panicked"),
+                _ => std::future::pending().await,
+            }
+        });
+        if i % 4 == 3 {
+            // Dropped mid-flight: polled once (registered, pending), then abandoned.
+            tasks.spawn(async move {
+                let mut guarded = Box::pin(guarded);
+                assert!((&mut guarded).now_or_never().is_none());
+                drop(guarded);
+            });
+        } else {
+            tasks.spawn(async move {
+                match (i % 4, guarded.await) {
+                    (0, Ok(Ok(()))) | (1, Ok(Err("conflict"))) => {}
+                    (2, Err(guard::Error::Panicked { message })) => {
+                        assert_eq!(message, format!("reconcile {i} panicked"));
+                    }
+                    (kind, other) => panic!("reconcile {i} of kind {kind} ended {other:?}"),
+                }
+            });
+        }
+        if tasks.len() >= 1000 {
+            tasks.join_next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.unwrap();
+    }
+    let _ = std::panic::take_hook();
+
+    assert!(registry.is_empty(), "{} entries leaked", registry.len());
+    let seen: Vec<usize> = counts.0.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    assert_eq!(seen, vec![N / 4, N / 4, N / 4, 0, N / 4]);
+}
+
+#[tokio::test]
+async fn a_future_dropped_before_its_first_poll_leaves_no_entry() {
+    let registry = Registry::new(Duration::from_secs(60));
+    let guarded = registry
+        .controller("web", "Widget")
+        .guard(ObjectKey::cluster("a"), async { Ok::<_, ()>(()) });
+    assert_eq!(registry.len(), 1);
+    drop(guarded);
+    assert!(registry.is_empty());
+}
+
+#[tokio::test]
+async fn a_cancel_request_ends_the_reconcile_at_its_next_poll() {
+    let registry = Registry::new(Duration::from_secs(60));
+    let guarded = registry.controller("web", "Widget").guard(
+        ObjectKey::cluster("a"),
+        std::future::pending::<Result<(), ()>>(),
+    );
+    let task = tokio::spawn(guarded);
+    while registry.snapshot().first().is_none_or(|r| r.polls == 0) {
+        tokio::task::yield_now().await;
+    }
+    let id = registry.snapshot()[0].id;
+    assert!(registry.request_cancel(id));
+    // The stored waker is woken, so the pending future is polled again and stops.
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(result, Err(guard::Error::Cancelled { .. })),
+        "{result:?}"
+    );
+    assert!(registry.is_empty());
+    assert!(!registry.request_cancel(id), "already gone");
+}
+
+#[tokio::test]
+async fn polls_record_state_thread_and_task() {
+    let registry = Registry::new(Duration::from_secs(60));
+    let probe = registry.clone();
+    let guarded =
+        registry
+            .controller("web", "Widget")
+            .guard(ObjectKey::namespaced("ns", "a"), async move {
+                // Inside a poll, the registry shows this reconcile as in-poll.
+                let inside = probe.snapshot();
+                YieldOnce(false).await;
+                Ok::<_, ()>(inside)
+            });
+    let inside = tokio::spawn(guarded).await.unwrap().unwrap().unwrap();
+    let seen = &inside[0];
+    assert_eq!(seen.object.as_str(), "ns/a");
+    assert!(matches!(seen.poll, PollState::InPoll { .. }));
+    assert_eq!(seen.polls, 1);
+    assert!(seen.task_id.is_some());
+    assert!(seen.thread.is_some());
+    assert!(registry.is_empty());
+}
