@@ -159,10 +159,14 @@ impl Entry {
         since.min(u64::MAX - 1) + 1
     }
 
-    fn instant(&self, stamp: u64) -> Option<Instant> {
-        // Never before the start: the coarse clock may lag the precise one by a tick.
-        (stamp != 0)
-            .then(|| (self.epoch.precise + Duration::from_nanos(stamp - 1)).max(self.started))
+    /// The instant of `stamp`, kept between the start and `now`: the coarse clock's
+    /// reading and the epoch's may each be up to a tick old.
+    fn instant(&self, stamp: u64, now: Instant) -> Option<Instant> {
+        (stamp != 0).then(|| {
+            (self.epoch.precise + Duration::from_nanos(stamp - 1))
+                .min(now)
+                .max(self.started)
+        })
     }
 
     /// Records the start of a poll: a clock read and a handful of relaxed stores.
@@ -216,7 +220,7 @@ impl Entry {
     /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
     pub(crate) fn snapshot_at(&self, clocks: &Clocks, threads: &mut thread::InfoCache) -> InFlight {
         let began = self.poll_began_ns.load(Ordering::Acquire);
-        let poll = match self.instant(began) {
+        let poll = match self.instant(began, clocks.now) {
             Some(since) => PollState::InPoll { since },
             None => PollState::Awaiting,
         };
@@ -236,7 +240,7 @@ impl Entry {
                 .unwrap_or(clocks.wall),
             polls: self.polls.load(Ordering::Relaxed),
             poll,
-            last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed)),
+            last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed), clocks.now),
             thread: threads.info(self.thread.load(Ordering::Relaxed)),
             task_id: (task_id != 0).then_some(task_id),
             cancel_requested: self.cancel_requested(),
