@@ -123,7 +123,8 @@ pub struct FloorEntry {
     object: ObjectKey,
     deadline: Duration,
     started: Instant,
-    epoch: Instant,
+    /// The registry's epoch on the precise and the coarse clock.
+    epoch: (Instant, u64),
     counters: [AtomicU64; 5],
     flags: [AtomicBool; 2],
     waker: AtomicWaker,
@@ -237,7 +238,7 @@ impl Ops {
             // The entry records when its reconcile started, as the registry's does: that
             // clock read is part of any registry of reconciles with deadlines.
             started: Instant::now(),
-            epoch: self.epoch,
+            epoch: (self.epoch, 0),
             counters: Default::default(),
             flags: Default::default(),
             waker: AtomicWaker::new(),
