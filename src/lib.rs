@@ -26,6 +26,7 @@
 
 pub mod guard;
 pub mod health;
+pub mod kube;
 pub mod metrics;
 pub mod monitor;
 pub mod probes;
@@ -42,3 +43,5 @@ pub struct ReadmeDoctests;
 pub mod cli;
 #[doc(hidden)]
 pub mod demo;
+#[doc(hidden)]
+pub mod operator;

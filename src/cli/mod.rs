@@ -3,6 +3,7 @@
 
 pub mod flags;
 pub mod logging;
+pub mod run;
 pub mod signals;
 
 use std::process::ExitCode;
@@ -28,6 +29,11 @@ pub enum Command {
     /// Run the watchdog, probes and logs on a synthetic workload, no cluster needed;
     /// one reconcile hangs after --hang-after
     Demo(DemoArgs),
+    /// Run the reference operator (ConfigTemplates that own ConfigMaps) against a
+    /// cluster: in-cluster config, or KUBECONFIG
+    Run(run::RunArgs),
+    /// Print the reference operator's CRD as YAML
+    Crd,
 }
 
 /// `demo`'s flags.
@@ -84,6 +90,8 @@ pub fn main() -> ExitCode {
                 wait,
             ))
         }
+        Command::Run(args) => run::main(args),
+        Command::Crd => run::crd(),
     }
 }
 

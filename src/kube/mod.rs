@@ -1,0 +1,241 @@
+//! Runs kube-runtime controllers with every reconcile under the watchdog's guard.
+//!
+//! [`Controllers`] takes each [`Controller`] with its reconcile, error policy and
+//! context, as `Controller::run` would, and:
+//! - wraps every reconcile in the guard of its controller (the object as
+//!   `namespace/name`, the resource's kind), so a hang is seen, reported and probed;
+//! - turns a panic or a watchdog cancellation into an error of the user's own type
+//!   (`E: From<guard::Error>`), which the untouched error policy then sees;
+//! - consumes the output stream, logging reconcile errors at WARN with the object;
+//! - releases the `informer-sync` readiness latch once every controller's store has
+//!   synced;
+//! - stops taking new work when the shutdown token is cancelled, and returns once the
+//!   reconciles in flight have finished (the caller bounds that wait).
+//!
+//! The example of `docs/embedding.md`:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::runtime::{Controller, controller::Action, watcher};
+//! use kube::{Api, Client};
+//! use reconcile_watchdog::{Watchdog, guard, kube::Controllers};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! #[derive(Debug, thiserror::Error)]
+//! enum Error {
+//!     #[error(transparent)]
+//!     Kube(#[from] kube::Error),
+//!     // A panic, or a cancellation by the watchdog (--on-hang cancel), lands here, so
+//!     // your error policy sees it like any other failed reconcile.
+//!     #[error(transparent)]
+//!     Watchdog(#[from] guard::Error),
+//! }
+//!
+//! async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<()>) -> Result<Action, Error> {
+//!     Ok(Action::await_change()) // your reconcile, unchanged
+//! }
+//!
+//! fn error_policy(_: Arc<ConfigMap>, _: &Error, _: Arc<()>) -> Action {
+//!     Action::requeue(Duration::from_secs(5)) // your error policy, unchanged
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // 1. The watchdog: its monitor thread and its probe server on :8081.
+//!     let watchdog = Watchdog::builder()
+//!         .deadlines(Duration::from_secs(300))
+//!         .probe_address("0.0.0.0:8081".parse()?)
+//!         .watch_runtime(tokio::runtime::Handle::current())
+//!         .start()?;
+//!
+//!     // 2. Your controllers, run under it.
+//!     let client = Client::try_default().await?;
+//!     let shutdown = CancellationToken::new();
+//!     let controllers = Controllers::new(&watchdog, shutdown.clone()).add(
+//!         "configmaps",
+//!         Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default()),
+//!         reconcile,
+//!         error_policy,
+//!         Arc::new(()),
+//!     );
+//!
+//!     // 3. Graceful shutdown: fail readiness, stop taking work, drain (bounded).
+//!     let drained = tokio::spawn(controllers.run());
+//!     tokio::signal::ctrl_c().await?;
+//!     watchdog.health().shutdown.begin();
+//!     shutdown.cancel();
+//!     let _ = tokio::time::timeout(Duration::from_secs(30), drained).await;
+//!     Ok(())
+//! }
+//! ```
+
+mod log;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use ::kube::runtime::Controller;
+use ::kube::runtime::controller::Action;
+use ::kube::{Resource, ResourceExt};
+use futures::future::{self, BoxFuture};
+use futures::{FutureExt, StreamExt};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::guard::{self, ObjectKey, Registry};
+use crate::health::{Health, Latch};
+use crate::watchdog::Watchdog;
+
+pub use log::error_chain;
+
+/// The name of the readiness check that waits for every controller's store.
+pub const INFORMER_SYNC: &str = "informer-sync";
+
+/// The controllers of one process, run under the watchdog.
+#[must_use = "controllers do nothing until `run` is awaited"]
+pub struct Controllers {
+    registry: Registry,
+    latch: Arc<Latch>,
+    shutdown: CancellationToken,
+    names: Vec<String>,
+    runs: Vec<BoxFuture<'static, ()>>,
+    synced: Vec<BoxFuture<'static, bool>>,
+}
+
+impl Debug for Controllers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controllers")
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controllers {
+    /// Controllers guarded by `watchdog`'s registry, with an `informer-sync` latch in
+    /// its readiness set; they stop taking new work once `shutdown` is cancelled.
+    pub fn new(watchdog: &Watchdog, shutdown: CancellationToken) -> Self {
+        Self::with_parts(watchdog.registry().clone(), watchdog.health(), shutdown)
+    }
+
+    /// Like [`new`](Self::new), from a registry and health sets of your own.
+    pub fn with_parts(registry: Registry, health: &Health, shutdown: CancellationToken) -> Self {
+        Self {
+            registry,
+            latch: health
+                .readiness_latch(INFORMER_SYNC, "the controllers' stores have not synced yet"),
+            shutdown,
+            names: Vec::new(),
+            runs: Vec::new(),
+            synced: Vec::new(),
+        }
+    }
+
+    /// Adds `controller`, called `name` (the name deadlines and hang reports use), to
+    /// run `reconcile` under the guard and `error_policy` unchanged.
+    ///
+    /// A reconcile that panics or that the watchdog cancels resolves to
+    /// `E::from(guard::Error)`, so the error policy sees it like any other error.
+    pub fn add<K, Ctx, R, Fut, E, P>(
+        mut self,
+        name: &str,
+        controller: Controller<K>,
+        mut reconcile: R,
+        error_policy: P,
+        context: Arc<Ctx>,
+    ) -> Self
+    where
+        K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Debug + Unpin + Send + Sync,
+        Ctx: Send + Sync + 'static,
+        R: FnMut(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + From<guard::Error> + Send + Sync + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    {
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        let handle = self.registry.controller(name, &kind);
+        let store = controller.store();
+        let shutdown = self.shutdown.clone();
+        let guarded = move |object: Arc<K>, context: Arc<Ctx>| {
+            let key = object_key(object.as_ref());
+            handle
+                .guard(key, reconcile(object, context))
+                .map(|result| result.unwrap_or_else(|error| Err(E::from(error))))
+        };
+        let stream = controller
+            .graceful_shutdown_on(shutdown.cancelled_owned())
+            .run(guarded, error_policy, context);
+        let name_owned = name.to_owned();
+        self.runs.push(
+            async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(item) = stream.next().await {
+                    log::outcome(&name_owned, &kind, item);
+                }
+                tracing::info!(controller = %name_owned, "controller stopped");
+            }
+            .boxed(),
+        );
+        self.synced
+            .push(async move { store.wait_until_ready().await.is_ok() }.boxed());
+        self.names.push(name.to_owned());
+        self
+    }
+
+    /// Runs every controller until the shutdown token is cancelled and their
+    /// in-flight reconciles have finished.
+    pub async fn run(self) {
+        let Self {
+            latch,
+            names,
+            runs,
+            synced,
+            ..
+        } = self;
+        let sync = async move {
+            let all = future::join_all(synced).await;
+            if !all.is_empty() && all.into_iter().all(|ready| ready) {
+                latch.release();
+                tracing::info!(controllers = %names.join(","), "every controller's store has synced; ready");
+            }
+        };
+        let runs = future::join_all(runs);
+        futures::pin_mut!(runs, sync);
+        if let future::Either::Right(((), runs)) = future::select(runs, sync).await {
+            runs.await;
+        }
+    }
+}
+
+/// The guard's key of a Kubernetes object: `namespace/name`, or `name` when
+/// cluster-scoped.
+pub fn object_key<K: Resource>(object: &K) -> ObjectKey {
+    let name = object.name_any();
+    match object.namespace() {
+        Some(namespace) => ObjectKey::namespaced(&namespace, &name),
+        None => ObjectKey::cluster(&name),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+
+    use super::*;
+
+    #[test]
+    fn object_keys_are_namespace_slash_name() {
+        let mut configmap = ConfigMap::default();
+        configmap.metadata.name = Some("app".into());
+        configmap.metadata.namespace = Some("prod".into());
+        assert_eq!(object_key(&configmap).as_str(), "prod/app");
+        let mut namespace = Namespace::default();
+        namespace.metadata.name = Some("prod".into());
+        assert_eq!(object_key(&namespace).as_str(), "prod");
+    }
+}

@@ -1,0 +1,277 @@
+"""Offline checks of manifests/ and the Dockerfile, run by tests/manifests.sh in the test venv.
+
+1. kustomization: every resource it lists exists, every manifest in manifests/ is listed,
+   and `kubectl kustomize` builds it into exactly the objects of those files.
+2. schemas: every document of every YAML file under manifests/ validates, strictly
+   (unknown fields fail), against the Kubernetes schemas bundled by kubernetes-validate,
+   or, for a custom resource, against its CRD's schema from manifests/. A document that
+   neither knows fails: nothing is skipped.
+3. checkov: no failed check on manifests/ (kubernetes) nor on the Dockerfile; skips must
+   be written beside the resource, with a reason, and are listed here.
+4. hadolint: no finding on the Dockerfile (an ignore is written beside the line, with why).
+5. flags: the Deployment runs a subcommand the binary has (RECONCILE_WATCHDOG_BIN), with
+   only flags and RECONCILE_WATCHDOG_* variables that subcommand reads: clap ignores an
+   unknown variable, so a typo there would silently leave a default in force.
+"""
+
+import copy
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jsonschema
+import yaml
+from kubernetes_validate import utils as kv
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+KUSTOMIZATION = MANIFESTS / "kustomization.yaml"
+DOCKERFILE = ROOT / "Dockerfile"
+# The oldest Kubernetes the manifests support, and the newest kubernetes-validate bundles.
+KUBERNETES_VERSIONS = sorted({"1.33.0", kv.latest_version()})
+
+
+def relative(path):
+    return path.relative_to(ROOT).as_posix()
+
+
+def documents(path):
+    with open(path) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc is not None]
+
+
+def manifest_files():
+    return sorted(p for p in MANIFESTS.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+def check_kustomization():
+    """Every listed resource exists, every top-level manifest is listed, and it builds."""
+    failures = []
+    (kustomization,) = documents(KUSTOMIZATION)
+    listed = kustomization.get("resources") or []
+    if not listed:
+        failures.append(f"{relative(KUSTOMIZATION)}: lists no resources")
+    for name in listed:
+        if not (MANIFESTS / name).exists():
+            failures.append(f"{relative(KUSTOMIZATION)}: resource {name} does not exist")
+    for path in sorted(MANIFESTS.glob("*.y*ml")):
+        if path != KUSTOMIZATION and path.name not in listed:
+            failures.append(f"{relative(path)}: not listed in {relative(KUSTOMIZATION)}")
+    if failures:
+        return failures
+    return check_kustomize_build(listed)
+
+
+def identity(doc):
+    metadata = doc.get("metadata") or {}
+    return (doc.get("apiVersion"), doc.get("kind"), metadata.get("namespace"), metadata.get("name"))
+
+
+def check_kustomize_build(listed):
+    """kubectl kustomize builds it, into the objects of the listed files and no others."""
+    kubectl = pathlib.Path(sys.executable).parent / "kubectl"
+    run = subprocess.run([str(kubectl), "kustomize", relative(MANIFESTS)],
+                         cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"kubectl kustomize {relative(MANIFESTS)} failed: {run.stderr.strip()}"]
+    built = sorted(identity(doc) for doc in yaml.safe_load_all(run.stdout) if doc)
+    expected = sorted(identity(doc) for name in listed for doc in documents(MANIFESTS / name))
+    if built != expected:
+        return [f"kubectl kustomize built {built}, but the listed files hold {expected}"]
+    print(f"ok   kubectl kustomize {relative(MANIFESTS)}: {len(built)} objects")
+    return []
+
+
+def openapi_to_jsonschema(schema):
+    """A CRD's structural schema as the API server applies it, in JSON Schema terms.
+
+    Unknown fields fail (the API server would prune them silently, which hides a typo),
+    `nullable` admits null and `x-kubernetes-int-or-string` admits both.
+    """
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if not isinstance(node, dict):
+            return
+        if node.get("nullable") and "type" in node:
+            node["type"] = [node["type"], "null"]
+        if node.get("x-kubernetes-int-or-string"):
+            node.pop("type", None)
+            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            node["additionalProperties"] = False
+        for key in ("properties", "patternProperties"):
+            for child in node.get(key, {}).values():
+                walk(child)
+        for key in ("items", "additionalProperties", "not"):
+            walk(node.get(key))
+        for key in ("allOf", "anyOf", "oneOf"):
+            for child in node.get(key, []):
+                walk(child)
+
+    walk(schema)
+    return schema
+
+
+def custom_resource_schemas(docs):
+    """(apiVersion, kind) -> JSON Schema, for every served version of every CRD given."""
+    schemas = {}
+    for _, doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != "CustomResourceDefinition":
+            continue
+        spec = doc["spec"]
+        for version in spec["versions"]:
+            if version.get("served"):
+                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                schemas[key] = openapi_to_jsonschema(version["schema"]["openAPIV3Schema"])
+    return schemas
+
+
+def check_schemas():
+    failures = []
+    docs = [
+        (path, doc)
+        for path in manifest_files()
+        if path != KUSTOMIZATION
+        for doc in documents(path)
+    ]
+    if not docs:
+        return [f"{relative(MANIFESTS)}: no manifests found"]
+    crs = custom_resource_schemas(docs)
+    for path, doc in docs:
+        if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
+            failures.append(f"{relative(path)}: not a Kubernetes object (no apiVersion or kind)")
+            continue
+        where = f"{relative(path)}: {doc['kind']}/{(doc.get('metadata') or {}).get('name')}"
+        key = (doc["apiVersion"], doc["kind"])
+        if key in crs:
+            # apiVersion, kind and metadata are the API server's; the CRD schema covers the rest.
+            body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
+            errors = sorted(jsonschema.Draft7Validator(crs[key]).iter_errors(body), key=str)
+            if not (doc.get("metadata") or {}).get("name"):
+                failures.append(f"{where}: metadata.name is missing")
+            for error in errors:
+                at = ".".join(str(p) for p in error.absolute_path) or "(root)"
+                failures.append(f"{where}: does not match its CRD: {at}: {error.message}")
+            if not errors:
+                print(f"ok   {where} matches its CRD in manifests/")
+            continue
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kv.validate(doc, version, strict=True)
+                print(f"ok   {where} against Kubernetes {version}")
+            except kv.ValidationError as error:
+                at = ".".join(str(p) for p in error.path) or "(root)"
+                failures.append(f"{where}: invalid for Kubernetes {version}: {at}: {error.message}")
+            except kv.SchemaNotFoundError:
+                failures.append(f"{where}: no Kubernetes {version} schema and no CRD in "
+                                f"manifests/ for {doc['apiVersion']} {doc['kind']}")
+                break
+            except kv.InvalidSchemaError as error:
+                failures.append(f"{where}: {error.message}")
+    return failures
+
+
+def checkov(args, framework):
+    """One checkov run: its failures, and every skip with its reason printed."""
+    command = [str(pathlib.Path(sys.executable).parent / "checkov"), *args,
+               "--framework", framework, "--skip-download", "--output", "json"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    # 0: all passed; 1: some failed. Anything else is checkov itself failing.
+    if run.returncode not in (0, 1):
+        return [f"checkov {framework} exited {run.returncode}: {run.stderr.strip()}"]
+    report = json.loads(run.stdout)
+    reports = report if isinstance(report, list) else [report]
+    reports = [r for r in reports if r.get("check_type") == framework]
+    if not reports:
+        return [f"checkov {framework} checked nothing: {run.stdout.strip()[:500]}"]
+    failures = []
+    for r in reports:
+        summary, results = r["summary"], r["results"]
+        print(f"checkov {framework}: {summary['passed']} passed, {summary['failed']} failed, "
+              f"{summary['skipped']} skipped on {summary['resource_count']} resources")
+        if summary["passed"] == 0:
+            failures.append(f"checkov {framework}: no check passed, so nothing was checked")
+        if summary["parsing_errors"]:
+            failures.append(f"checkov {framework}: could not parse {results.get('parsing_errors')}")
+        for c in results["skipped_checks"]:
+            reason = (c.get("check_result") or {}).get("suppress_comment") or ""
+            print(f"skip {c['check_id']} on {c['resource']}: {reason}")
+            if not reason.strip() or reason.strip() == "No comment provided":
+                failures.append(f"{c['file_path']}: {c['check_id']} skipped without a reason")
+        for c in results["failed_checks"]:
+            failures.append(f"{c['file_path']}: {c['check_id']} {c['check_name']} "
+                            f"failed on {c['resource']} (lines {c['file_line_range']})")
+    return failures
+
+
+def check_checkov():
+    return (checkov(["--directory", relative(MANIFESTS)], "kubernetes")
+            + checkov(["--file", relative(DOCKERFILE)], "dockerfile"))
+
+
+def check_hadolint():
+    hadolint = pathlib.Path(sys.executable).parent / "hadolint"
+    run = subprocess.run([str(hadolint), "--no-color", relative(DOCKERFILE)],
+                         cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"hadolint exited {run.returncode}: {(run.stdout + run.stderr).strip()}"]
+    print(f"ok   hadolint {relative(DOCKERFILE)}")
+    return []
+
+
+def check_flags():
+    binary = os.environ["RECONCILE_WATCHDOG_BIN"]
+    failures = []
+    (deployment,) = documents(MANIFESTS / "deployment.yaml")
+    for container in deployment["spec"]["template"]["spec"]["containers"]:
+        args = container.get("args") or []
+        if not args:
+            failures.append(f"container {container['name']}: no subcommand in args")
+            continue
+        # A clean environment, so that the help shows no values set here.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILE_WATCHDOG_")}
+        run = subprocess.run([binary, args[0], "--help"], env=env, capture_output=True, text=True)
+        if run.returncode != 0:
+            failures.append(f"container {container['name']}: `{args[0]} --help` exited "
+                            f"{run.returncode}: {run.stderr.strip()}")
+            continue
+        names = [e["name"] for e in container.get("env") or []]
+        unknown = [n for n in names if n.startswith("RECONCILE_WATCHDOG_")
+                   and f"[env: {n}=" not in run.stdout]
+        unknown += [a for a in args[1:] if a.startswith("--")
+                    and f"{a.split('=')[0]} " not in run.stdout]
+        for name in unknown:
+            failures.append(f"container {container['name']}: `{args[0]}` does not read {name}")
+        if not unknown:
+            print(f"ok   container {container['name']}: `{' '.join(args)}` reads {', '.join(names)}")
+    return failures
+
+
+def main():
+    checks = [
+        ("kustomization", check_kustomization),
+        ("schemas", check_schemas),
+        ("checkov", check_checkov),
+        ("hadolint", check_hadolint),
+        ("flags", check_flags),
+    ]
+    failed = 0
+    for name, check in checks:
+        print(f"== {name}")
+        failures = check()
+        for failure in failures:
+            print(f"FAIL {failure}")
+        failed += bool(failures)
+    print(f"manifests: {len(checks) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""A Kubernetes API emulator for the end-to-end tests: kmock's, made real enough for kube-rs.
+
+kmock 0.8's KubernetesEmulator stores objects as given. This subclass adds what a
+kube-rs Controller relies on: metadata.resourceVersion, uid, generation,
+creationTimestamp and namespace on every create and patch; a counter as the list's
+resourceVersion (kmock returns "..."); the NotFound/AlreadyExists reasons that kube's
+error helpers look for; and a server-side apply of a missing object as a create. It can also black-hole every request whose path names an
+object, as if the API server had lost it, until told to release it:
+
+    POST /_emulator/black-hole/NAME   hold every later request whose path names NAME
+    POST /_emulator/release/NAME      answer the held requests, and those to come
+
+Usage: python emulator.py [--port PORT]; it prints one line, "listening on URL", when
+it accepts connections, and runs until killed.
+"""
+
+import argparse
+import asyncio
+import datetime
+import sys
+import uuid
+
+import aiohttp.web
+import attrs
+import kmock
+
+CONTROL_PREFIX = '/_emulator/'
+
+RESOURCES = {
+    'watchdog.example.com/v1/configtemplates': kmock.ResourceInfo(
+        kind='ConfigTemplate', namespaced=True, subresources={'status'},
+        verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
+    'v1/configmaps': kmock.ResourceInfo(
+        kind='ConfigMap', namespaced=True,
+        verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
+    # What the tests' real-cluster set-up touches, so that it can run against this too.
+    'apiextensions.k8s.io/v1/customresourcedefinitions': kmock.ResourceInfo(
+        kind='CustomResourceDefinition', namespaced=False,
+        verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
+}
+
+REASONS = {404: 'NotFound', 409: 'AlreadyExists'}
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    _revision: int = attrs.field(default=0, init=False)
+    # Object name -> the event its held requests wait on.
+    _holes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        # kmock 0.8 cannot parse /api/v1/namespaces (it reads "namespaces" as the start of
+        # a namespaced path), so namespaces are answered here: accepted, never stored.
+        if raw_request.path.startswith('/api/v1/namespaces') and raw_request.path.count('/') <= 4:
+            if raw_request.method == 'POST':
+                body = await raw_request.json()
+                body.setdefault('metadata', {})['uid'] = str(uuid.uuid4())
+                return aiohttp.web.json_response(body, status=201)
+            if raw_request.method == 'DELETE':
+                return aiohttp.web.json_response({'kind': 'Status', 'status': 'Success'})
+        return await super().__call__(raw_request)
+
+    def _next_revision(self) -> str:
+        self._revision += 1
+        return str(self._revision)
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        path = request.url.path
+        if path.startswith(CONTROL_PREFIX):
+            return self._control(request, path[len(CONTROL_PREFIX):])
+        for name, released in self._holes.items():
+            if name in path.split('/'):
+                await released.wait()
+        if self._creates_by_apply(request):
+            # Stored as a create; kmock's routing has no reaction for a PATCH that
+            # creates, so the answer is made here.
+            request = attrs.evolve(request, action=kmock.action.CREATE)
+            self._stamp(request)
+            try:
+                return await super()._handle(request)
+            except NotImplementedError:
+                key = (request.resource, request.namespace, request.name)
+                return aiohttp.web.json_response(self.objects[key].raw, status=201)
+        self._stamp(request)
+        return await super()._handle(request)
+
+    def _creates_by_apply(self, request: kmock.Request) -> bool:
+        """A server-side apply of a missing object creates it, as on a real server."""
+        content_type = request.headers.get('Content-Type', '')
+        if request.action != kmock.action.UPDATE or 'apply-patch' not in content_type:
+            return False
+        key = (request.resource, request.namespace, request.name)
+        return key not in self.objects or self.objects[key].deleted
+
+    def _control(self, request: kmock.Request, command: str) -> aiohttp.web.StreamResponse:
+        verb, _, name = command.partition('/')
+        if request.method != kmock.method.POST or not name:
+            return aiohttp.web.Response(status=400, text=f'unknown command {command!r}\n')
+        if verb == 'black-hole':
+            self._holes.setdefault(name, asyncio.Event())
+        elif verb == 'release':
+            self._holes.pop(name, asyncio.Event()).set()
+        else:
+            return aiohttp.web.Response(status=400, text=f'unknown command {command!r}\n')
+        return aiohttp.web.Response(text=f'{verb} {name}\n')
+
+    def _stamp(self, request: kmock.Request) -> None:
+        """Adds the server-owned metadata to a create or patch before kmock stores it."""
+        if not isinstance(request.data, dict):
+            return
+        meta = request.data.setdefault('metadata', {})
+        if not isinstance(meta, dict):
+            return
+        if request.action == kmock.action.CREATE:
+            now = datetime.datetime.now(tz=datetime.UTC)
+            meta['uid'] = str(uuid.uuid4())
+            meta['generation'] = 1
+            meta['creationTimestamp'] = now.strftime('%Y-%m-%dT%H:%M:%SZ')
+            if request.namespace and not meta.get('namespace'):
+                meta['namespace'] = request.namespace
+            meta['resourceVersion'] = self._next_revision()
+        elif request.action == kmock.action.UPDATE and request.name is not None:
+            key = (request.resource, request.namespace, request.name)
+            current = self.objects[key] if key in self.objects else None
+            if current is None or current.deleted:
+                return  # kmock answers 404
+            # The spec changed: a new generation, as a real server counts them.
+            if request.subresource is None and 'spec' in request.data:
+                generation = current.get('metadata', {}).get('generation', 1)
+                meta['generation'] = generation + 1
+            meta['resourceVersion'] = self._next_revision()
+
+    async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
+        listed = await super()._serve_list(request)
+        listed['metadata'] = {'resourceVersion': str(self._revision)}
+        return listed
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        if isinstance(exc, kmock.KubernetesError) and exc.status in REASONS:
+            exc = attrs.evolve(exc, reason=REASONS[exc.status])
+        return await super()._render_error(exc)
+
+
+async def serve(port: int) -> None:
+    emulator = Emulator()
+    for resource, info in RESOURCES.items():
+        emulator.resources[resource] = info
+    async with emulator, kmock.Server(emulator, port=port) as server:
+        print(f'listening on http://{server.host}:{server.port}', flush=True)
+        await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--port', type=int, default=0, help='0 picks a free port')
+    args = parser.parse_args()
+    try:
+        asyncio.run(serve(args.port))
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == '__main__':
+    main()
