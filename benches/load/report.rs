@@ -187,15 +187,19 @@ impl Figures {
                 insert.in_flight, insert.scans
             ),
             figure: format!(
-                "worst {}; p99.9 {}",
+                "worst {}; p99.99 {}; p99.9 {} ({} registrations)",
                 fmt(worst),
-                fmt(quantile(&mut insert.during_scans, 0.999))
+                fmt(quantile(&mut insert.during_scans, 0.9999)),
+                fmt(quantile(&mut insert.during_scans, 0.999)),
+                insert.during_scans.len()
             ),
             budget: "worst < 1 ms".into(),
             reference: format!(
-                "no scan: worst {}; p99.9 {}",
+                "no scan: worst {}; p99.99 {}; p99.9 {} ({} registrations)",
                 fmt(*insert.idle.iter().max().expect("registrations")),
-                fmt(quantile(&mut insert.idle, 0.999))
+                fmt(quantile(&mut insert.idle, 0.9999)),
+                fmt(quantile(&mut insert.idle, 0.999)),
+                insert.idle.len()
             ),
             met: Some(worst < Duration::from_millis(1)),
         });
