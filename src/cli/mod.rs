@@ -100,17 +100,11 @@ fn options_duration(d: &Option<Duration>) -> Option<Duration> {
 }
 
 /// Exit status 1 with the whole error chain on stderr.
-fn report<E: std::error::Error>(result: Result<(), E>) -> ExitCode {
+fn report<E: std::error::Error + 'static>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            let mut message = format!("error: {error}");
-            let mut source = error.source();
-            while let Some(cause) = source {
-                message.push_str(&format!(": {cause}"));
-                source = cause.source();
-            }
-            eprintln!("{message}");
+            eprintln!("error: {}", crate::kube::error_chain(&error));
             ExitCode::FAILURE
         }
     }

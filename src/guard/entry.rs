@@ -21,6 +21,15 @@ impl ObjectKey {
         Self(format!("{namespace}/{name}").into())
     }
 
+    /// A namespaced object when `namespace` is given, a cluster-scoped one otherwise.
+    #[must_use]
+    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+        match namespace {
+            Some(namespace) => Self::namespaced(namespace, name),
+            None => Self::cluster(name),
+        }
+    }
+
     /// A cluster-scoped object, shown as its name.
     #[must_use]
     pub fn cluster(name: &str) -> Self {
@@ -102,9 +111,8 @@ pub(crate) struct Entry {
     pub(crate) object: ObjectKey,
     pub(crate) deadline: Duration,
     pub(crate) started: Instant,
-    pub(crate) started_at: SystemTime,
     /// The instant every `*_ns` field counts from (the registry's epoch).
-    epoch: Instant,
+    epoch: Epoch,
     polls: AtomicU64,
     /// Nanoseconds since `epoch` plus one when the current poll began; 0 outside a poll.
     poll_began_ns: AtomicU64,
@@ -127,7 +135,7 @@ impl Entry {
         kind: Arc<str>,
         object: ObjectKey,
         deadline: Duration,
-        epoch: Instant,
+        epoch: Epoch,
     ) -> Self {
         Self {
             id,
@@ -136,7 +144,6 @@ impl Entry {
             object,
             deadline,
             started: Instant::now(),
-            started_at: SystemTime::now(),
             epoch,
             polls: AtomicU64::new(0),
             poll_began_ns: AtomicU64::new(0),
@@ -149,30 +156,49 @@ impl Entry {
         }
     }
 
-    fn stamp(&self, at: Instant) -> u64 {
+    /// Now, for a poll's record: read from the coarse clock (the kernel's last tick, a
+    /// few milliseconds old at most), which costs a fraction of a precise read. Poll
+    /// times only date hang reports, whose deadlines are seconds to minutes; the start
+    /// and the deadline use the precise clock.
+    fn stamp_now(&self) -> u64 {
+        let since = coarsetime::Instant::now_without_cache_update()
+            .duration_since(self.epoch.coarse)
+            .as_nanos();
         // +1 keeps 0 free to mean "never"; u64 nanoseconds last 584 years.
-        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX - 1)
-            + 1
+        since.min(u64::MAX - 1) + 1
     }
 
-    fn instant(&self, stamp: u64) -> Option<Instant> {
-        (stamp != 0).then(|| self.epoch + Duration::from_nanos(stamp - 1))
+    /// The instant of `stamp`, kept between the start and `now`: the coarse clock's
+    /// reading and the epoch's may each be up to a tick old.
+    fn instant(&self, stamp: u64, now: Instant) -> Option<Instant> {
+        (stamp != 0).then(|| {
+            (self.epoch.precise + Duration::from_nanos(stamp - 1))
+                .min(now)
+                .max(self.started)
+        })
     }
 
     /// Records the start of a poll: a clock read and a handful of relaxed stores.
-    pub(crate) fn poll_begins(&self, waker: &std::task::Waker) {
+    pub(crate) fn poll_begins(&self) {
         self.poll_began_ns
-            .store(self.stamp(Instant::now()), Ordering::Release);
-        self.polls.fetch_add(1, Ordering::Relaxed);
+            .store(self.stamp_now(), Ordering::Release);
+        // Only the task polling the reconcile writes the count (a poll holds it by
+        // `&mut`), so a load and a store do what a read-modify-write would, for less.
+        self.polls
+            .store(self.polls.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         self.thread.store(thread::current_slot(), Ordering::Relaxed);
         self.task_id
             .store(thread::current_task_id(), Ordering::Relaxed);
+    }
+
+    /// Remembers the waker of a reconcile that now waits, so a cancel request can wake it.
+    pub(crate) fn register_waker(&self, waker: &std::task::Waker) {
         self.waker.register(waker);
     }
 
     pub(crate) fn poll_ends(&self) {
         self.poll_ended_ns
-            .store(self.stamp(Instant::now()), Ordering::Relaxed);
+            .store(self.stamp_now(), Ordering::Relaxed);
         self.poll_began_ns.store(0, Ordering::Release);
     }
 
@@ -194,10 +220,16 @@ impl Entry {
         self.reported_hung.load(Ordering::Acquire)
     }
 
-    /// A plain-data copy for the monitor and the debug view.
+    /// A plain-data copy, taken alone.
     pub(crate) fn snapshot(&self) -> InFlight {
+        self.snapshot_at(&Clocks::now(), &mut thread::InfoCache::default())
+    }
+
+    /// A plain-data copy for the monitor and the debug view, one of many taken at
+    /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
+    pub(crate) fn snapshot_at(&self, clocks: &Clocks, threads: &mut thread::InfoCache) -> InFlight {
         let began = self.poll_began_ns.load(Ordering::Acquire);
-        let poll = match self.instant(began) {
+        let poll = match self.instant(began, clocks.now) {
             Some(since) => PollState::InPoll { since },
             None => PollState::Awaiting,
         };
@@ -209,13 +241,49 @@ impl Entry {
             object: self.object.clone(),
             deadline: self.deadline,
             started: self.started,
-            started_at: self.started_at,
+            // Dated on the wall clock here rather than at registration, which saves the
+            // hot path a clock read.
+            started_at: clocks
+                .wall
+                .checked_sub(clocks.now.saturating_duration_since(self.started))
+                .unwrap_or(clocks.wall),
             polls: self.polls.load(Ordering::Relaxed),
             poll,
-            last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed)),
-            thread: thread::info(self.thread.load(Ordering::Relaxed)),
+            last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed), clocks.now),
+            thread: threads.info(self.thread.load(Ordering::Relaxed)),
             task_id: (task_id != 0).then_some(task_id),
             cancel_requested: self.cancel_requested(),
+        }
+    }
+}
+
+/// The registry's epoch on the precise and on the coarse monotonic clock, read together.
+#[derive(Clone, Copy)]
+pub(crate) struct Epoch {
+    precise: Instant,
+    coarse: coarsetime::Instant,
+}
+
+impl Epoch {
+    pub(crate) fn now() -> Self {
+        Self {
+            precise: Instant::now(),
+            coarse: coarsetime::Instant::now_without_cache_update(),
+        }
+    }
+}
+
+/// The monotonic and wall clocks, read together once for a whole snapshot.
+pub(crate) struct Clocks {
+    now: Instant,
+    wall: SystemTime,
+}
+
+impl Clocks {
+    pub(crate) fn now() -> Self {
+        Self {
+            now: Instant::now(),
+            wall: SystemTime::now(),
         }
     }
 }

@@ -77,12 +77,21 @@ where
             unreachable!("the reconcile is only taken together with the guard");
         };
 
-        entry.poll_begins(cx.waker());
+        entry.poll_begins();
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(cx)));
         entry.poll_ends();
 
         match polled {
-            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Pending) => {
+                // Only a reconcile that waits needs its waker known. Check the flag again
+                // after registering: a cancel request that came meanwhile may have found
+                // no waker to wake.
+                entry.register_waker(cx.waker());
+                if entry.cancel_requested() {
+                    cx.waker().wake_by_ref();
+                }
+                Poll::Pending
+            }
             Ok(Poll::Ready(result)) => {
                 finish(
                     this.guard,

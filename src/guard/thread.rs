@@ -53,6 +53,28 @@ pub(crate) fn info(slot: u64) -> Option<ThreadInfo> {
     THREADS.get(&slot).map(|t| t.value().clone())
 }
 
+/// Looks threads up for a whole scan: a scan meets the same few threads again and
+/// again, so each is looked up in the process-wide table once.
+#[derive(Default)]
+pub(crate) struct InfoCache {
+    seen: Vec<(u64, Option<ThreadInfo>)>,
+}
+
+impl InfoCache {
+    /// Like [`info`], remembered.
+    pub(crate) fn info(&mut self, slot: u64) -> Option<ThreadInfo> {
+        if slot == 0 {
+            return None;
+        }
+        if let Some((_, known)) = self.seen.iter().find(|(s, _)| *s == slot) {
+            return known.clone();
+        }
+        let found = info(slot);
+        self.seen.push((slot, found.clone()));
+        found
+    }
+}
+
 /// The current tokio task's id as a number, or 0 outside a task.
 pub(crate) fn current_task_id() -> u64 {
     // tokio::task::Id has no public integer accessor, but it hashes as its u64.

@@ -1,6 +1,7 @@
 //! Logs what a controller's output stream yields: reconcile errors at WARN with the
 //! object, watch failures at ERROR.
 
+use crate::guard::ObjectKey;
 use ::kube::runtime::controller::{self, Action};
 use ::kube::runtime::reflector::ObjectRef;
 use ::kube::runtime::watcher;
@@ -21,11 +22,8 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-fn namespaced_name<K: ::kube::Resource>(object: &ObjectRef<K>) -> String {
-    match &object.namespace {
-        Some(namespace) => format!("{namespace}/{}", object.name),
-        None => object.name.clone(),
-    }
+fn namespaced_name<K: ::kube::Resource>(object: &ObjectRef<K>) -> ObjectKey {
+    ObjectKey::new(object.namespace.as_deref(), &object.name)
 }
 
 pub(super) fn outcome<K, E>(

@@ -215,11 +215,7 @@ impl Controllers {
 /// The guard's key of a Kubernetes object: `namespace/name`, or `name` when
 /// cluster-scoped.
 pub fn object_key<K: Resource>(object: &K) -> ObjectKey {
-    let name = object.name_any();
-    match object.namespace() {
-        Some(namespace) => ObjectKey::namespaced(&namespace, &name),
-        None => ObjectKey::cluster(&name),
-    }
+    ObjectKey::new(object.namespace().as_deref(), &object.name_any())
 }
 
 #[cfg(test)]

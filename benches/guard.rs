@@ -1,0 +1,107 @@
+//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; and the monitor's scan at 1,000 to 100,000 in flight.
+
+mod support;
+
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use support::{FloorScan, InFlightSet, Ops, Shape, Variant, benchmarking};
+
+/// `guard_{1,2}_thread/{variant}/{shape}`: the time of one reconcile, enter to exit, on
+/// each of `threads` threads running at once against the same map.
+fn guard_overhead(c: &mut Criterion) {
+    let ops = Ops::new();
+    for threads in [1, 2] {
+        let mut group = c.benchmark_group(format!("guard_{threads}_thread"));
+        for shape in Shape::ALL {
+            for variant in Variant::ALL {
+                group.bench_with_input(
+                    BenchmarkId::new(variant.name(), shape.name()),
+                    &(variant, shape),
+                    |b, &(variant, shape)| {
+                        b.iter_custom(|iters| run_on_threads(&ops, threads, iters, variant, shape));
+                    },
+                );
+            }
+        }
+        group.finish();
+    }
+    assert!(ops.is_idle(), "every reconcile left its map");
+}
+
+/// Runs `iters` reconciles on each of `threads` threads started together; the slowest
+/// thread's time is the sample, so contention shows as a longer time per reconcile.
+fn run_on_threads(
+    ops: &Ops,
+    threads: usize,
+    iters: u64,
+    variant: Variant,
+    shape: Shape,
+) -> Duration {
+    let start_together = Barrier::new(threads);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let _runtime = ops.enter();
+                    // One unmeasured run: a new thread's first guarded poll records its name.
+                    ops.run(variant, shape);
+                    start_together.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        ops.run(black_box(variant), black_box(shape));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a bench thread panicked"))
+            .max()
+            .unwrap_or_default()
+    })
+}
+
+/// `scan/{len}`: one monitor scan (snapshot and verdict) with `len` reconciles in
+/// flight; `scan/floor/{len}`: a pass that only checks each entry's deadline.
+fn scan(c: &mut Criterion) {
+    let sizes: [usize; 3] = if benchmarking() {
+        [1_000, 10_000, 100_000]
+    } else {
+        [10, 100, 1_000]
+    };
+    let mut group = c.benchmark_group("scan");
+    for len in sizes {
+        let mut set = InFlightSet::new(len);
+        group.bench_function(BenchmarkId::from_parameter(len), |b| {
+            b.iter(|| black_box(set.scan()));
+        });
+        assert_eq!(set.scan(), len);
+        let floor = FloorScan::new(len);
+        group.bench_function(BenchmarkId::new("floor", len), |b| {
+            b.iter(|| black_box(floor.count_overdue(Instant::now())));
+        });
+        assert_eq!(floor.count_overdue(Instant::now()), 0);
+    }
+    group.finish();
+}
+
+/// `reference/instant_now`: one monotonic clock read, the unit the guard's cost is
+/// mostly made of.
+fn clock(c: &mut Criterion) {
+    let mut group = c.benchmark_group("reference");
+    group.bench_function("instant_now", |b| b.iter(Instant::now));
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    targets = guard_overhead, scan, clock
+}
+criterion_main!(benches);

@@ -1,0 +1,91 @@
+//! Instructions per reconcile for each variant, counted by callgrind: a ratio that does not depend on the machine's load.
+
+use std::process::Command;
+
+use crate::support::{FloorScan, InFlightSet, Ops, Shape, Variant};
+
+/// The `count VARIANT SHAPE N` subcommand, run under callgrind: `n` reconciles, nothing
+/// else; or `count scan LEN N`: `n` monitor scans of `len` reconciles in flight (or
+/// `scan_floor`: `n` passes that only check deadlines).
+pub fn count(args: &[String]) {
+    let [variant, shape, n] = args else {
+        panic!("usage: count VARIANT SHAPE N | count scan|scan_floor LEN N");
+    };
+    if variant == "scan" || variant == "scan_floor" {
+        let len = shape.parse().expect("a length");
+        let scans = n.parse::<u64>().expect("a count");
+        if variant == "scan" {
+            let mut set = InFlightSet::new(len);
+            for _ in 0..scans {
+                set.scan();
+            }
+        } else {
+            let floor = FloorScan::new(len);
+            for _ in 0..scans {
+                assert_eq!(floor.count_overdue(std::time::Instant::now()), 0);
+            }
+        }
+        return;
+    }
+    let variant = Variant::ALL
+        .into_iter()
+        .find(|v| v.name() == variant)
+        .expect("a variant name");
+    let shape = Shape::ALL
+        .into_iter()
+        .find(|s| s.name() == shape)
+        .expect("a shape name");
+    let n: u64 = n.parse().expect("a count");
+    let ops = Ops::new();
+    let _runtime = ops.enter();
+    for _ in 0..n {
+        ops.run(variant, shape);
+    }
+    assert!(ops.is_idle());
+}
+
+/// Instructions per reconcile: two callgrind runs of this program with `n` and `2n`
+/// reconciles, so that start-up and shut-down cancel out.
+pub fn per_op(variant: Variant, shape: Shape, n: u64) -> f64 {
+    let once = total(variant, shape, n);
+    let twice = total(variant, shape, 2 * n);
+    #[allow(clippy::cast_precision_loss)]
+    let per_op = twice.saturating_sub(once) as f64 / n as f64;
+    per_op
+}
+
+/// Instructions per entry per scan, for `scan` (the monitor's) or `scan_floor`: runs
+/// of one and of three scans of `len` entries, so that building them cancels out.
+pub fn per_scanned_entry(kind: &str, len: usize) -> f64 {
+    let len_arg = len.to_string();
+    let once = callgrind(&["count", kind, &len_arg, "1"]);
+    let thrice = callgrind(&["count", kind, &len_arg, "3"]);
+    #[allow(clippy::cast_precision_loss)]
+    let per_entry = thrice.saturating_sub(once) as f64 / (2 * len) as f64;
+    per_entry
+}
+
+fn total(variant: Variant, shape: Shape, n: u64) -> u64 {
+    callgrind(&["count", variant.name(), shape.name(), &n.to_string()])
+}
+
+/// Runs this program with `args` under callgrind; the instructions it executed.
+fn callgrind(args: &[&str]) -> u64 {
+    let exe = std::env::current_exe().expect("this program's path");
+    let output = Command::new("valgrind")
+        .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+        .arg(exe)
+        .args(args)
+        .output()
+        .expect("valgrind runs (apt-get install valgrind)");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "callgrind run failed:\n{stderr}");
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.split_once("Collected :")
+                .map(|(_, n)| n.trim().to_owned())
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count in callgrind's output:\n{stderr}"))
+}

@@ -1,0 +1,315 @@
+//! Workloads shared by the criterion benches and the load program: one reconcile done four ways, and a registry with many reconciles in flight.
+
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use futures::task::AtomicWaker;
+use reconcile_watchdog::guard::{ControllerHandle, Guarded, InFlight, ObjectKey, Registry};
+use reconcile_watchdog::monitor::{Config, Verdict};
+
+/// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
+pub const DEADLINE: Duration = Duration::from_secs(300);
+
+/// The registry's shard count (`guard::registry::SHARDS`, private to the crate).
+const REGISTRY_SHARDS: usize = 256;
+
+/// How one reconcile is run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// The future alone: the cost of the reconcile itself.
+    Unguarded,
+    /// Under the watchdog's guard (`ControllerHandle::guard`).
+    Guarded,
+    /// The future plus a bare DashMap insert and remove of an entry like the guard's:
+    /// the least any registry of in-flight reconciles can cost.
+    Floor,
+    /// Under `tokio::time::timeout`: a timer per reconcile.
+    Timeout,
+}
+
+impl Variant {
+    /// Every variant, in table order.
+    pub const ALL: [Self; 4] = [Self::Unguarded, Self::Guarded, Self::Floor, Self::Timeout];
+
+    /// The name used in bench ids and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unguarded => "unguarded",
+            Self::Guarded => "guarded",
+            Self::Floor => "floor",
+            Self::Timeout => "timeout",
+        }
+    }
+}
+
+/// What the no-op reconcile does before it returns `Ok(())`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// Returns on its first poll.
+    Ready,
+    /// Returns `Pending` once, then `Ok(())`: a reconcile that awaits once. This is the
+    /// shape that makes `timeout` arm its timer, as every real reconcile would.
+    YieldOnce,
+}
+
+impl Shape {
+    /// Both shapes.
+    pub const ALL: [Self; 2] = [Self::Ready, Self::YieldOnce];
+
+    /// The name used in bench ids and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::YieldOnce => "yield_once",
+        }
+    }
+}
+
+/// The no-op reconcile.
+#[derive(Debug)]
+pub struct NoOp {
+    pending: bool,
+}
+
+impl NoOp {
+    /// A no-op of `shape`.
+    pub fn new(shape: Shape) -> Self {
+        Self {
+            pending: shape == Shape::YieldOnce,
+        }
+    }
+}
+
+impl Future for NoOp {
+    type Output = Result<(), ()>;
+
+    fn poll(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if std::mem::take(&mut self.pending) {
+            // The driver below polls again at once, so no wake-up is arranged.
+            Poll::Pending
+        } else {
+            Poll::Ready(Ok(()))
+        }
+    }
+}
+
+/// Polls `future` with a no-op waker until it is ready: the same driver for every
+/// variant, with no executor cost on top.
+pub fn drive<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+    }
+}
+
+/// The floor's entry: the same fields as the guard's registry entry (`guard::entry::Entry`,
+/// private to the crate; keep the two in step), so the allocation has the same size and
+/// the same three `Arc`s are cloned into it and the same start time is read, but nothing
+/// is recorded per poll. It goes into a map configured like the registry's (same key, value, hasher
+/// and shard count).
+#[allow(dead_code)] // Only built, inserted and removed: that is the point.
+pub struct FloorEntry {
+    id: u64,
+    controller: Arc<str>,
+    kind: Arc<str>,
+    object: ObjectKey,
+    deadline: Duration,
+    started: Instant,
+    /// The registry's epoch on the precise and the coarse clock.
+    epoch: (Instant, u64),
+    counters: [AtomicU64; 5],
+    flags: [AtomicBool; 2],
+    waker: AtomicWaker,
+}
+
+/// The least a scan can do: `len` entries like the registry's in a map like the
+/// registry's, and a pass over them that only asks each whether it is overdue, copying
+/// nothing. The reference for the monitor's scan.
+pub struct FloorScan {
+    map: DashMap<u64, Arc<FloorEntry>>,
+}
+
+impl FloorScan {
+    /// `len` entries of distinct objects.
+    pub fn new(len: usize) -> Self {
+        let ops = Ops::new();
+        let map = DashMap::with_shard_amount(REGISTRY_SHARDS);
+        for id in 0..len as u64 {
+            let mut entry = ops.floor_entry(id);
+            entry.object = ObjectKey::namespaced("default", &format!("object-{id}"));
+            entry.started = Instant::now();
+            map.insert(id, Arc::new(entry));
+        }
+        Self { map }
+    }
+
+    /// How many entries are overdue at `now`.
+    pub fn count_overdue(&self, now: Instant) -> usize {
+        self.map
+            .iter()
+            .filter(|e| now.saturating_duration_since(e.started) > e.deadline)
+            .count()
+    }
+}
+
+/// One reconcile, run any of the four ways, again and again.
+pub struct Ops {
+    handle: ControllerHandle,
+    controller: Arc<str>,
+    kind: Arc<str>,
+    object: ObjectKey,
+    floor: DashMap<u64, Arc<FloorEntry>>,
+    next_floor_id: AtomicU64,
+    epoch: Instant,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Ops {
+    /// A fresh registry, floor map and runtime (two workers, as a small operator has).
+    pub fn new() -> Self {
+        let registry = Registry::new(DEADLINE);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .expect("a tokio runtime for the timeout variant");
+        Self {
+            handle: registry.controller("bench", "ConfigMap"),
+            controller: "bench".into(),
+            kind: "ConfigMap".into(),
+            object: ObjectKey::namespaced("default", "bench-object"),
+            floor: DashMap::with_shard_amount(REGISTRY_SHARDS),
+            next_floor_id: AtomicU64::new(1),
+            epoch: Instant::now(),
+            runtime,
+        }
+    }
+
+    /// Enters the runtime on this thread, as a reconcile's task would be; the timeout
+    /// variant needs it. Held across many runs so that entering is not measured.
+    pub fn enter(&self) -> tokio::runtime::EnterGuard<'_> {
+        self.runtime.enter()
+    }
+
+    /// The registry the guarded variant registers in.
+    pub fn registry(&self) -> &Registry {
+        self.handle.registry()
+    }
+
+    /// Runs one reconcile of `shape` the `variant` way. Panics on an unexpected result,
+    /// so a broken variant cannot pass for a fast one.
+    pub fn run(&self, variant: Variant, shape: Shape) {
+        let ok = match variant {
+            Variant::Unguarded => drive(NoOp::new(shape)).is_ok(),
+            Variant::Guarded => matches!(
+                drive(self.handle.guard(self.object.clone(), NoOp::new(shape))),
+                Ok(Ok(()))
+            ),
+            Variant::Floor => {
+                let id = self.next_floor_id.fetch_add(1, Ordering::Relaxed);
+                self.floor.insert(id, Arc::new(self.floor_entry(id)));
+                let result = drive(NoOp::new(shape));
+                self.floor.remove(&id);
+                result.is_ok()
+            }
+            Variant::Timeout => matches!(
+                drive(tokio::time::timeout(DEADLINE, NoOp::new(shape))),
+                Ok(Ok(()))
+            ),
+        };
+        assert!(ok, "{} {} did not return Ok", variant.name(), shape.name());
+    }
+
+    fn floor_entry(&self, id: u64) -> FloorEntry {
+        FloorEntry {
+            id,
+            controller: Arc::clone(&self.controller),
+            kind: Arc::clone(&self.kind),
+            object: self.object.clone(),
+            deadline: DEADLINE,
+            // The entry records when its reconcile started, as the registry's does: that
+            // clock read is part of any registry of reconciles with deadlines.
+            started: Instant::now(),
+            epoch: (self.epoch, 0),
+            counters: Default::default(),
+            flags: Default::default(),
+            waker: AtomicWaker::new(),
+        }
+    }
+
+    /// Whether every reconcile has left the registry and the floor map.
+    pub fn is_idle(&self) -> bool {
+        self.registry().is_empty() && self.floor.is_empty()
+    }
+}
+
+/// The reconcile that never finishes, as the in-flight set holds it.
+pub type Stuck = Guarded<std::future::Pending<Result<(), ()>>>;
+
+/// A registry with `len` reconciles in flight, each polled once (so each has a thread
+/// and a poll count, as real ones do), and the monitor's scan over it.
+pub struct InFlightSet {
+    /// The registry they are in.
+    pub registry: Registry,
+    /// Held, never read: dropping one would end it.
+    #[allow(dead_code)]
+    reconciles: Vec<Stuck>,
+    snapshot: Vec<InFlight>,
+    verdict: Verdict,
+}
+
+impl InFlightSet {
+    /// `len` reconciles of distinct objects across four controllers.
+    pub fn new(len: usize) -> Self {
+        let registry = Registry::new(DEADLINE);
+        let handles: Vec<_> = (0..4)
+            .map(|c| registry.controller(&format!("controller-{c}"), "ConfigMap"))
+            .collect();
+        let mut cx = Context::from_waker(Waker::noop());
+        let reconciles = (0..len)
+            .map(|i| {
+                let object = ObjectKey::namespaced("default", &format!("object-{i}"));
+                let mut reconcile =
+                    handles[i % handles.len()].guard(object, std::future::pending());
+                assert!(Pin::new(&mut reconcile).poll(&mut cx).is_pending());
+                reconcile
+            })
+            .collect();
+        assert_eq!(registry.len(), len);
+        Self {
+            registry,
+            reconciles,
+            snapshot: Vec::with_capacity(len),
+            verdict: Verdict::new(Config::default()),
+        }
+    }
+
+    /// One monitor scan: the snapshot and the verdict, as the monitor thread does them.
+    /// Returns how many reconciles it saw.
+    pub fn scan(&mut self) -> usize {
+        self.registry.snapshot_into(&mut self.snapshot);
+        let decision = self.verdict.step(
+            &self.snapshot,
+            self.registry.take_ended(),
+            None,
+            Instant::now(),
+        );
+        assert!(decision.overdue.is_empty(), "nothing is overdue");
+        self.snapshot.len()
+    }
+}
+
+/// Whether the bench binary runs for real (`cargo bench`) rather than once each as a
+/// test (`cargo test --all-targets`), which must stay quick.
+pub fn benchmarking() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test")
+}
