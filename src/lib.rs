@@ -30,6 +30,7 @@ pub mod kube;
 pub mod metrics;
 pub mod monitor;
 pub mod probes;
+pub mod stack;
 pub mod watchdog;
 
 pub use watchdog::{Builder, Watchdog};

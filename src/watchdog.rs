@@ -33,6 +33,7 @@ pub struct Builder {
     probe_address: Option<SocketAddr>,
     metrics_address: Option<SocketAddr>,
     runtime: Option<tokio::runtime::Handle>,
+    diagnostics: monitor::Diagnostics,
 }
 
 impl Builder {
@@ -95,6 +96,14 @@ impl Builder {
         self
     }
 
+    /// A report of a reconcile stuck inside one poll for at least `after` carries its
+    /// thread's native stack and kernel state (default 2 seconds; `None` never looks).
+    #[must_use]
+    pub fn stack_capture_after(mut self, after: Option<Duration>) -> Self {
+        self.diagnostics.stack_capture_after = after;
+        self
+    }
+
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
@@ -112,10 +121,11 @@ impl Builder {
         let scan_observer = metrics
             .clone()
             .map(|metrics| metrics as Arc<dyn monitor::Observer>);
-        let monitor = Monitor::spawn(
+        let monitor = Monitor::spawn_with_diagnostics(
             registry.clone(),
             &health,
             self.monitor,
+            self.diagnostics,
             heartbeat,
             scan_observer,
         )
@@ -173,6 +183,7 @@ impl Watchdog {
             probe_address: None,
             metrics_address: None,
             runtime: None,
+            diagnostics: monitor::Diagnostics::default(),
         }
     }
 

@@ -49,6 +49,10 @@ pub struct WatchdogArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_RUNTIME_STALL_THRESHOLD", value_name = "DURATION", value_parser = positive_duration)]
     pub runtime_stall_threshold: Option<Duration>,
 
+    /// Hang reports of a reconcile stuck inside one poll this long carry its thread's native stack and kernel state; off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_STACK_CAPTURE_AFTER", value_name = "DURATION", default_value = "2s", value_parser = duration_or_off)]
+    pub stack_capture_after: StackCaptureAfter,
+
     /// Drain time for in-flight reconciles on SIGTERM
     #[arg(long, env = "RECONCILE_WATCHDOG_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = duration)]
     pub shutdown_grace: Duration,
@@ -108,6 +112,10 @@ impl WatchdogArgs {
             )
             .probe_address(self.health_probe_bind_address)
             .metrics_address(self.metrics_bind_address.socket_addr())
+            .stack_capture_after(match self.stack_capture_after {
+                StackCaptureAfter::After(after) => Some(after),
+                StackCaptureAfter::Off => None,
+            })
     }
 }
 
@@ -177,6 +185,25 @@ pub fn positive_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// `--stack-capture-after`: a threshold, or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackCaptureAfter {
+    /// Capture for a poll stuck this long.
+    After(Duration),
+    /// Never capture.
+    Off,
+}
+
+/// A humantime duration, or `off`.
+fn duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
+    if s.trim() == "off" {
+        return Ok(StackCaptureAfter::Off);
+    }
+    duration(s)
+        .map(StackCaptureAfter::After)
+        .map_err(|e| format!("{e}, or off"))
+}
+
 fn bind_address(s: &str) -> Result<SocketAddr, String> {
     parse_bind_address(s).map_err(|e| e.to_string())
 }
@@ -231,6 +258,16 @@ mod tests {
         assert!(deadline_override("web").is_err());
         assert!(deadline_override("=90s").is_err());
         assert!(deadline_override("web=soon").is_err());
+    }
+
+    #[test]
+    fn stack_capture_thresholds() {
+        assert_eq!(duration_or_off("off"), Ok(StackCaptureAfter::Off));
+        assert_eq!(
+            duration_or_off("2s"),
+            Ok(StackCaptureAfter::After(Duration::from_secs(2)))
+        );
+        assert!(duration_or_off("never").unwrap_err().contains("or off"));
     }
 
     #[test]

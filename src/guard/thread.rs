@@ -100,14 +100,14 @@ pub(crate) fn current_task_id() -> u64 {
 }
 
 #[cfg(target_os = "linux")]
-fn kernel_tid() -> Option<u32> {
+pub(crate) fn kernel_tid() -> Option<u32> {
     // "/proc/thread-self" links to "<pid>/task/<tid>": read once per thread, no unsafe.
     let link = std::fs::read_link("/proc/thread-self").ok()?;
     link.file_name()?.to_str()?.parse().ok()
 }
 
 #[cfg(not(target_os = "linux"))]
-fn kernel_tid() -> Option<u32> {
+pub(crate) fn kernel_tid() -> Option<u32> {
     None
 }
 

@@ -5,6 +5,7 @@
 //! The decision itself lives in [`verdict`]; [`report`] writes it to the log; this
 //! module drives the two and holds the state the health checks read.
 
+pub mod inspect;
 pub mod report;
 pub mod verdict;
 
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use crate::guard::{InFlight, Registry};
 use crate::health::{Check, Health};
 
+pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
 pub use verdict::{Config, Decision, HangPolicy, HangState, Overdue, Verdict};
 
@@ -197,10 +199,30 @@ pub struct Monitor {
 impl Monitor {
     /// Starts the watchdog over `registry`, adds its liveness checks (`watchdog`,
     /// `reconcilers`, and `runtime` when `runtime` is given) to `health`, and returns.
+    /// Its reports carry the default [`Diagnostics`].
     pub fn spawn(
         registry: Registry,
         health: &Health,
         config: Config,
+        runtime: Option<RuntimeHeartbeat>,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> Result<Self, Error> {
+        Self::spawn_with_diagnostics(
+            registry,
+            health,
+            config,
+            Diagnostics::default(),
+            runtime,
+            observer,
+        )
+    }
+
+    /// Like [`spawn`](Self::spawn), with the stuck-thread diagnostics of its reports.
+    pub fn spawn_with_diagnostics(
+        registry: Registry,
+        health: &Health,
+        config: Config,
+        diagnostics: Diagnostics,
         runtime: Option<RuntimeHeartbeat>,
         observer: Option<Arc<dyn Observer>>,
     ) -> Result<Self, Error> {
@@ -246,6 +268,7 @@ impl Monitor {
                         &status,
                         &stop,
                         Verdict::new(config),
+                        &diagnostics,
                         runtime.as_ref(),
                         observer.as_deref(),
                     )
@@ -299,6 +322,7 @@ fn run(
     status: &Status,
     stop: &AtomicBool,
     mut verdict: Verdict,
+    diagnostics: &Diagnostics,
     runtime: Option<&RuntimeHeartbeat>,
     observer: Option<&dyn Observer>,
 ) {
@@ -326,7 +350,13 @@ fn run(
         }
         let sample = runtime.map(RuntimeHeartbeat::sample);
         for event in &decision.events {
-            report::emit(event, now, sample);
+            let threads = inspect::inspect(event, now, diagnostics);
+            report::emit(event, now, sample, &threads);
+            if !threads.is_empty() {
+                // Capturing stacks is work, not a stall: keep the `watchdog` check from
+                // calling it one.
+                status.beat.beat(Instant::now());
+            }
         }
         if let Some(observer) = observer {
             observer.scanned(&Scan {

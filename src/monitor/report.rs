@@ -8,6 +8,7 @@ use std::time::{Instant, SystemTime};
 
 use crate::guard::InFlight;
 
+use super::inspect::StuckThread;
 use super::verdict::{Event, HangState, fmt_duration};
 
 /// The log target of every hang report.
@@ -74,9 +75,41 @@ fn explain(state: HangState) -> &'static str {
     }
 }
 
+/// The `kernel_state` and `stack` fields of a report about `threads`: absent when it is
+/// about none, one block per thread (headed by its name) when about several.
+fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
+    if threads.is_empty() {
+        return (None, None);
+    }
+    let headed = threads.len() > 1;
+    let mut kernel = Vec::new();
+    let mut stacks = Vec::new();
+    for thread in threads {
+        let d = &thread.diagnostics;
+        let state = match &d.kernel {
+            Ok(state) => state.to_string(),
+            Err(error) => format!("unreadable: {error}"),
+        };
+        let stack = match &d.stack {
+            Ok(stack) => stack.to_string(),
+            Err(error) => format!("unavailable: {error}"),
+        };
+        if headed {
+            kernel.push(format!("{} (tid {}): {state}", thread.name, d.tid));
+            stacks.push(format!("thread {} (tid {}):\n{stack}", thread.name, d.tid));
+        } else {
+            kernel.push(state);
+            stacks.push(stack);
+        }
+    }
+    (Some(kernel.join("; ")), Some(stacks.join("\n")))
+}
+
 /// Writes one verdict event to the log. `now` is the scan's clock; `runtime` is a
-/// sample of the runtime's metrics, used by the stall report.
-pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>) {
+/// sample of the runtime's metrics, used by the stall report; `threads` are the stuck
+/// threads the event is about, inspected (see [`inspect`](super::inspect::inspect)).
+pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads: &[StuckThread]) {
+    let (kernel_state, stack) = thread_fields(threads);
     macro_rules! reconcile_event {
         ($level:ident, $f:expr, $state:expr, $action:expr, $($msg:tt)+) => {{
             let f = $f;
@@ -94,6 +127,8 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>) {
                 thread = %f.thread,
                 task_id = %f.task_id,
                 action = %$action,
+                kernel_state = kernel_state.as_deref(),
+                stack = stack.as_deref().map(tracing::field::display),
                 $($msg)+
             );
         }};
@@ -144,6 +179,8 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>) {
                 object = %object,
                 action = "failing liveness (restart)",
                 reason = %reason,
+                kernel_state = kernel_state.as_deref(),
+                stack = stack.as_deref().map(tracing::field::display),
                 "reconcile hang escalated: {controller} {object}: {reason}; failing liveness"
             );
         }
@@ -186,6 +223,8 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>) {
                 workers = sample.workers,
                 alive_tasks = sample.alive_tasks,
                 global_queue_depth = sample.global_queue_depth,
+                kernel_state = kernel_state.as_deref(),
+                stack = stack.as_deref().map(tracing::field::display),
                 "async runtime stalled: no heartbeat for {}; reconciles stuck inside a poll: {}",
                 fmt_duration(*age),
                 if culprits.is_empty() { "none" } else { &culprits }

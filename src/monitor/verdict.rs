@@ -276,6 +276,7 @@ impl Verdict {
         let mut decision = Decision::default();
 
         // 1. Reconciles that ended since the last scan: report them, count cancellations.
+        let mut cancelled_now = Vec::new();
         for end in ended {
             self.tracked.remove(&end.reconcile.id);
             if end.outcome == Outcome::Cancelled {
@@ -283,11 +284,30 @@ impl Verdict {
                     Arc::clone(&end.reconcile.controller),
                     end.reconcile.object.clone(),
                 );
-                self.cancels.entry(key).or_default().push_back(now);
+                self.cancels.entry(key.clone()).or_default().push_back(now);
+                cancelled_now.push(key);
             }
             decision.events.push(Event::Ended(end));
         }
         self.forget_old_cancels(now);
+        // The cancellation that reaches the limit escalates, once, in the log too.
+        if self.config.policy == HangPolicy::Cancel {
+            for (controller, object) in cancelled_now {
+                let count = self.cancels.get(&(Arc::clone(&controller), object.clone()));
+                if count.is_some_and(|t| t.len() == self.config.cancel_limit as usize) {
+                    decision.events.push(Event::Escalated {
+                        reconcile: None,
+                        controller,
+                        reason: format!(
+                            "cancelled {} times within {}; a restart is the honest answer",
+                            self.config.cancel_limit,
+                            fmt_duration(self.config.cancel_window)
+                        ),
+                        object,
+                    });
+                }
+            }
+        }
 
         // 2. Every in-flight reconcile: on time, newly overdue, or still overdue.
         let mut seen = Vec::new();

@@ -1,0 +1,395 @@
+//! The native stack and kernel state of a thread stuck inside a poll.
+//!
+//! [`KernelState`] reads `/proc/self/task/<tid>/` and needs no privilege beyond being
+//! the same process. [`capture`] sends the thread a signal whose handler records its
+//! instruction pointers (see the `signal` module, the only `unsafe` code of the crate,
+//! behind the `stack-capture` feature, Linux only); symbols are resolved afterwards on
+//! the calling thread. Where capture is unavailable, reports fall back to the thread's
+//! name and kernel state.
+
+mod kernel;
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+mod signal;
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+pub use kernel::KernelState;
+
+/// Errors of reading a thread's stack or state.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// This build or platform cannot capture stacks.
+    #[error("stack capture is unavailable: {0}")]
+    Unsupported(&'static str),
+    /// The thread does not exist (any more) in this process.
+    #[error("no thread {tid} in this process")]
+    NoSuchThread {
+        /// The kernel thread id.
+        tid: u32,
+        /// Why it could not be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another handler owns the capture signal.
+    #[error("signal {signal} already has a handler; stack capture is off")]
+    SignalTaken {
+        /// The signal number.
+        signal: i32,
+    },
+    /// Installing the signal handler failed.
+    #[error("failed to install the stack capture signal handler")]
+    Install(#[source] std::io::Error),
+    /// Sending the signal failed.
+    #[error("failed to signal thread {tid}")]
+    Signal {
+        /// The kernel thread id.
+        tid: u32,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another capture is in progress, or an earlier one never finished.
+    #[error("another stack capture is in progress")]
+    Busy,
+    /// The thread did not run its handler in time (the signal is blocked on it, or it
+    /// is stopped).
+    #[error("thread {tid} did not record its stack in time")]
+    Timeout {
+        /// The kernel thread id.
+        tid: u32,
+    },
+    /// The unwinder found no frames beyond the signal handler.
+    #[error("the unwinder found no frames")]
+    Empty,
+}
+
+/// One frame of a captured stack: an instruction pointer and what it resolved to.
+/// A call inlined into its caller shares its caller's pointer and appears as a frame
+/// of its own, innermost first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The instruction pointer.
+    pub ip: usize,
+    /// The demangled function name, when the binary has symbols.
+    pub function: Option<String>,
+    /// The source file, when the binary has line tables (toolchain and registry
+    /// prefixes shortened).
+    pub file: Option<String>,
+    /// The line in `file`.
+    pub line: Option<u32>,
+}
+
+impl fmt::Display for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.function {
+            Some(function) => f.write_str(function)?,
+            None => write!(f, "{:#x}", self.ip)?,
+        }
+        if let Some(file) = &self.file {
+            write!(f, " at {file}")?;
+            if let Some(line) = self.line {
+                write!(f, ":{line}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A thread's native stack, innermost frame first, starting where the signal
+/// interrupted it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stack {
+    /// The frames resolved.
+    pub frames: Vec<Frame>,
+    /// How many outer frames were captured but left unresolved (see
+    /// [`capture_until`]).
+    pub left_out: usize,
+}
+
+impl Stack {
+    /// Whether any frame's function name contains `needle`.
+    #[must_use]
+    pub fn mentions(&self, needle: &str) -> bool {
+        self.frames
+            .iter()
+            .any(|f| f.function.as_deref().is_some_and(|n| n.contains(needle)))
+    }
+}
+
+/// One frame per line, numbered from the innermost.
+impl fmt::Display for Stack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, frame) in self.frames.iter().enumerate() {
+            if n > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{n:>3}: {frame}")?;
+        }
+        if self.left_out > 0 {
+            write!(f, "\n     ... {} outer frames left out", self.left_out)?;
+        }
+        Ok(())
+    }
+}
+
+/// A source path without the parts that are the same on every machine: the
+/// toolchain's hash directory and the cargo registry's index directory.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn short_path(path: &std::path::Path) -> String {
+    let path = path.display().to_string();
+    if path.starts_with("/rustc/")
+        && let Some(at) = path.find("/library/")
+    {
+        return format!("rust{}", &path[at..]);
+    }
+    if let Some(at) = path.find("/registry/src/") {
+        let rest = &path[at + "/registry/src/".len()..];
+        if let Some(slash) = rest.find('/') {
+            return rest[slash + 1..].to_owned();
+        }
+    }
+    path
+}
+
+/// Captures the native stack of thread `tid` of this process, waiting at most
+/// `timeout` for it, and resolves every frame.
+pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
+    capture_until(tid, timeout, |_| false)
+}
+
+/// Like [`capture`], resolving frames from the innermost out only up to the first
+/// that `is_last` picks: resolving is the slow part (each frame's debug info is loaded
+/// on first use), and what lies below a known frame is often the same every time.
+/// Symbols are resolved on the calling thread, never in the signal handler.
+pub fn capture_until(
+    tid: u32,
+    timeout: Duration,
+    is_last: impl Fn(&Frame) -> bool,
+) -> Result<Stack, Error> {
+    capture_impl(tid, Instant::now() + timeout, &is_last)
+}
+
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn capture_impl(
+    tid: u32,
+    deadline: Instant,
+    is_last: &dyn Fn(&Frame) -> bool,
+) -> Result<Stack, Error> {
+    let raw = signal::capture(tid, deadline)?;
+    // The interrupted frame is where the thread was; the frames before it are the
+    // handler's and the kernel's signal trampoline.
+    let ips = match raw
+        .pc
+        .and_then(|pc| raw.frames.iter().position(|ip| *ip == pc))
+    {
+        Some(start) => &raw.frames[start..],
+        None => after_trampoline(&raw.frames),
+    };
+    let mut frames = Vec::new();
+    let mut resolved = 0;
+    for &ip in ips {
+        let before = frames.len();
+        symbolize(ip, &mut frames);
+        resolved += 1;
+        if frames[before..].iter().any(is_last) {
+            break;
+        }
+    }
+    if frames.is_empty() {
+        return Err(Error::Empty);
+    }
+    Ok(Stack {
+        frames,
+        left_out: ips.len() - resolved,
+    })
+}
+
+/// The frames after the kernel's signal trampoline, when the interrupted instruction
+/// pointer is not known; all of them when the trampoline is not found either.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn after_trampoline(ips: &[usize]) -> &[usize] {
+    let mut frames = Vec::new();
+    for (n, &ip) in ips.iter().enumerate() {
+        frames.clear();
+        symbolize(ip, &mut frames);
+        if frames
+            .iter()
+            .any(|f| f.function.as_deref() == Some("__restore_rt"))
+        {
+            return &ips[n + 1..];
+        }
+    }
+    ips
+}
+
+#[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+fn capture_impl(
+    _tid: u32,
+    _deadline: Instant,
+    _is_last: &dyn Fn(&Frame) -> bool,
+) -> Result<Stack, Error> {
+    Err(Error::Unsupported(if cfg!(target_os = "linux") {
+        "built without the stack-capture feature"
+    } else {
+        "only on Linux"
+    }))
+}
+
+/// Appends the frames `ip` resolves to: more than one when calls were inlined there,
+/// innermost first; one without a name when it resolves to nothing.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn symbolize(ip: usize, frames: &mut Vec<Frame>) {
+    let before = frames.len();
+    backtrace::resolve(std::ptr::without_provenance_mut(ip), |symbol| {
+        frames.push(Frame {
+            ip,
+            function: symbol.name().map(|name| format!("{name:#}")),
+            file: symbol.filename().map(short_path),
+            line: symbol.lineno(),
+        });
+    });
+    if frames.len() == before {
+        frames.push(Frame {
+            ip,
+            function: None,
+            file: None,
+            line: None,
+        });
+    }
+}
+
+/// What is known of one thread at a hang: its stack where it could be captured, its
+/// kernel state where it could be read.
+#[derive(Debug)]
+pub struct ThreadDiagnostics {
+    /// The kernel thread id.
+    pub tid: u32,
+    /// The native stack, or why there is none.
+    pub stack: Result<Stack, Error>,
+    /// The kernel's view, or why there is none.
+    pub kernel: Result<KernelState, Error>,
+}
+
+impl ThreadDiagnostics {
+    /// Reads the kernel state of thread `tid` and captures its stack as
+    /// [`capture_until`] does, waiting at most `timeout` for the stack.
+    #[must_use]
+    pub fn of(tid: u32, timeout: Duration, is_last: impl Fn(&Frame) -> bool) -> Self {
+        // The kernel state first: it is what the thread was doing before the signal
+        // woke it.
+        let kernel = KernelState::read(tid);
+        let stack = capture_until(tid, timeout, is_last);
+        Self { tid, stack, kernel }
+    }
+}
+
+#[cfg(all(test, feature = "stack-capture", target_os = "linux"))]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, mpsc};
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    #[inline(never)]
+    fn blocked_on_a_held_lock(lock: &Mutex<()>) {
+        drop(lock.lock().unwrap());
+    }
+
+    #[inline(never)]
+    fn spinning_without_a_break(stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Runs `body` on a thread of its own and returns its kernel tid once it has
+    /// started.
+    fn thread_running(body: impl FnOnce() + Send + 'static) -> (u32, std::thread::JoinHandle<()>) {
+        let (tx, rx) = mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+            body();
+        });
+        (rx.recv().unwrap(), handle)
+    }
+
+    /// Captures until `found` holds (the thread may not have reached the interesting
+    /// frame yet), failing after a generous bound.
+    fn capture_eventually(tid: u32, found: impl Fn(&Stack) -> bool) -> Stack {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stack = capture(tid, TIMEOUT).expect("a stack");
+            if found(&stack) {
+                return stack;
+            }
+            assert!(Instant::now() < deadline, "never found; last:\n{stack}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_thread_blocked_on_a_lock_shows_the_lock_and_its_caller() {
+        let lock = Arc::new(Mutex::new(()));
+        let held = lock.lock().unwrap();
+        let (tid, handle) = {
+            let lock = Arc::clone(&lock);
+            thread_running(move || blocked_on_a_held_lock(&lock))
+        };
+        let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
+        assert!(stack.mentions("lock"), "{stack}");
+        // The handler and the trampoline are cut off: the stack starts in the lock.
+        assert!(!stack.mentions("on_signal"), "{stack}");
+        assert_eq!(stack.left_out, 0);
+
+        // Resolving can stop at a known frame; the rest is only counted.
+        let is_caller = |f: &Frame| {
+            f.function
+                .as_deref()
+                .is_some_and(|n| n.contains("blocked_on_a_held_lock"))
+        };
+        let short = capture_until(tid, TIMEOUT, is_caller).unwrap();
+        assert!(is_caller(short.frames.last().unwrap()), "{short}");
+        assert!(short.left_out > 0, "{short}");
+        assert!(
+            short.to_string().ends_with("outer frames left out"),
+            "{short}"
+        );
+        drop(held);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_spinning_thread_shows_its_loop() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tid, handle) = {
+            let stop = Arc::clone(&stop);
+            thread_running(move || spinning_without_a_break(&stop))
+        };
+        let stack = capture_eventually(tid, |s| s.mentions("spinning_without_a_break"));
+        assert!(!stack.to_string().is_empty());
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_thread_that_does_not_exist_is_an_error_not_a_wait() {
+        // Above any pid_max, so never a live thread of this process.
+        let tid = i32::MAX as u32;
+        let started = Instant::now();
+        let err = capture(tid, TIMEOUT).unwrap_err();
+        assert!(matches!(err, Error::Signal { .. }), "{err}");
+        assert!(
+            started.elapsed() < TIMEOUT,
+            "no wait for a thread that is not there"
+        );
+        let diagnostics = ThreadDiagnostics::of(tid, Duration::from_millis(50), |_| false);
+        assert!(matches!(
+            diagnostics.kernel,
+            Err(Error::NoSuchThread { .. })
+        ));
+        assert!(diagnostics.stack.is_err());
+    }
+}
