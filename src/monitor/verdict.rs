@@ -809,7 +809,18 @@ mod tests {
             );
             let failing = d.reconcilers_failure.is_some();
             assert_eq!(failing, id == 3, "cancellation {id}");
+            // The cancellation that reaches the limit is logged as an escalation, once.
+            let escalations = d
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::Escalated { .. }))
+                .count();
+            assert_eq!(escalations, usize::from(id == 3), "cancellation {id}");
         }
+        assert!(
+            v.step(&[], vec![], None, now).events.is_empty(),
+            "escalated once, not per scan"
+        );
         let d = v.step(&[], vec![], None, now);
         assert_eq!(
             d.reconcilers_failure.unwrap(),
