@@ -322,8 +322,8 @@ impl monitor::Observer for Metrics {
         // In flight and overdue per controller; every known controller is set, so one
         // whose reconciles all ended reads 0 rather than its last count.
         let mut counts: HashMap<&str, (i64, i64)> = HashMap::new();
-        for reconcile in scan.in_flight {
-            counts.entry(&reconcile.controller).or_default().0 += 1;
+        for (controller, n) in scan.in_flight_by_controller {
+            counts.entry(controller).or_default().0 += i64::try_from(*n).unwrap_or(i64::MAX);
         }
         for overdue in &scan.decision.overdue {
             counts.entry(&overdue.reconcile.controller).or_default().1 += 1;
@@ -354,7 +354,7 @@ impl monitor::Observer for Metrics {
             }
         }
         for id in &scan.decision.cancel {
-            if let Some(reconcile) = scan.in_flight.iter().find(|r| r.id == *id) {
+            if let Some(reconcile) = scan.attention.iter().find(|r| r.id == *id) {
                 self.with_series(&reconcile.controller, |s| {
                     s.cancellations.inc();
                 });
@@ -453,7 +453,8 @@ mod tests {
         };
         let mut verdict = Verdict::new(config);
         let scan = |now: Instant, verdict: &mut Verdict| {
-            let in_flight = registry.snapshot();
+            let (mut in_flight, mut counts) = (Vec::new(), Vec::new());
+            registry.scan_into(now, true, &mut in_flight, &mut counts);
             let decision = verdict.step(
                 &in_flight,
                 registry.take_ended(),
@@ -463,7 +464,8 @@ mod tests {
             monitor::Observer::scanned(
                 &*metrics,
                 &Scan {
-                    in_flight: &in_flight,
+                    attention: &in_flight,
+                    in_flight_by_controller: &counts,
                     decision: &decision,
                     took: Duration::from_micros(70),
                     runtime_heartbeat_age: Some(Duration::from_millis(1500)),

@@ -154,3 +154,40 @@ async fn polls_record_state_thread_and_task() {
     assert!(seen.thread.is_some());
     assert!(registry.is_empty());
 }
+
+#[test]
+fn a_scan_copies_only_what_the_verdict_acts_on_and_counts_the_rest() {
+    let registry = Registry::new(Duration::from_secs(3600));
+    let (web, db) = (
+        registry.controller("web", "Widget"),
+        registry.controller("db", "Widget"),
+    );
+    let _on_time: Vec<_> = (0..3)
+        .map(|i| web.register(ObjectKey::cluster(&format!("w{i}"))))
+        .collect();
+    let _db = db.register(ObjectKey::cluster("d"));
+    let late = registry.register(
+        "late".into(),
+        "Widget".into(),
+        ObjectKey::cluster("l"),
+        Duration::ZERO,
+    );
+    let (mut out, mut counts) = (Vec::new(), Vec::new());
+    registry.scan_into(
+        std::time::Instant::now() + Duration::from_millis(1),
+        false,
+        &mut out,
+        &mut counts,
+    );
+    assert_eq!(
+        out.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![late.id()]
+    );
+    let mut counts: Vec<(String, usize)> =
+        counts.iter().map(|(c, n)| (c.to_string(), *n)).collect();
+    counts.sort();
+    assert_eq!(
+        counts,
+        vec![("db".into(), 1), ("late".into(), 1), ("web".into(), 3)]
+    );
+}

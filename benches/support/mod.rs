@@ -263,6 +263,7 @@ pub struct InFlightSet {
     #[allow(dead_code)]
     reconciles: Vec<Stuck>,
     snapshot: Vec<InFlight>,
+    counts: reconcile_watchdog::guard::ControllerCounts,
     verdict: Verdict,
 }
 
@@ -288,6 +289,7 @@ impl InFlightSet {
             registry,
             reconciles,
             snapshot: Vec::with_capacity(len),
+            counts: Vec::new(),
             verdict: Verdict::new(Config::default()),
         }
     }
@@ -295,15 +297,14 @@ impl InFlightSet {
     /// One monitor scan: the snapshot and the verdict, as the monitor thread does them.
     /// Returns how many reconciles it saw.
     pub fn scan(&mut self) -> usize {
-        self.registry.snapshot_into(&mut self.snapshot);
-        let decision = self.verdict.step(
-            &self.snapshot,
-            self.registry.take_ended(),
-            None,
-            Instant::now(),
-        );
+        let now = Instant::now();
+        self.registry
+            .scan_into(now, false, &mut self.snapshot, &mut self.counts);
+        let decision = self
+            .verdict
+            .step(&self.snapshot, self.registry.take_ended(), None, now);
         assert!(decision.overdue.is_empty(), "nothing is overdue");
-        self.snapshot.len()
+        self.counts.iter().map(|(_, n)| n).sum()
     }
 }
 

@@ -202,6 +202,11 @@ impl Entry {
         self.poll_began_ns.store(0, Ordering::Release);
     }
 
+    /// Whether a poll is under way.
+    pub(crate) fn in_poll(&self) -> bool {
+        self.poll_began_ns.load(Ordering::Acquire) != 0
+    }
+
     pub(crate) fn cancel_requested(&self) -> bool {
         self.cancel_requested.load(Ordering::Acquire)
     }
@@ -281,8 +286,13 @@ pub(crate) struct Clocks {
 
 impl Clocks {
     pub(crate) fn now() -> Self {
+        Self::at(Instant::now())
+    }
+
+    /// `now`, with the wall clock read beside it.
+    pub(crate) fn at(now: Instant) -> Self {
         Self {
-            now: Instant::now(),
+            now,
             wall: SystemTime::now(),
         }
     }

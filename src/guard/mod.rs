@@ -14,7 +14,9 @@ mod thread;
 
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use guarded::{Error, Guarded};
-pub use registry::{ControllerHandle, Deadlines, Ended, Guard, Observer, Registry};
+pub use registry::{
+    ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, Observer, Registry,
+};
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;

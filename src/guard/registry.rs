@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
@@ -80,11 +80,23 @@ pub trait Observer: Send + Sync + 'static {
 /// Registration costs the same with any count; the spare shards cost 32 KiB.
 const SHARDS: usize = 256;
 
+/// One map value: what a scan needs to pass over an on-time reconcile, kept inline so
+/// that it does not follow the pointer to the entry (a cache miss per reconcile).
+struct Slot {
+    /// When it becomes overdue; None when its deadline is beyond the clock's range.
+    overdue_after: Option<Instant>,
+    controller: Arc<str>,
+    entry: Arc<Entry>,
+}
+
+/// In-flight reconciles per controller, as a scan counted them.
+pub type ControllerCounts = Vec<(Arc<str>, usize)>;
+
 struct Shared {
     epoch: Epoch,
     observer: Option<Arc<dyn Observer>>,
     next_id: AtomicU64,
-    in_flight: DashMap<u64, Arc<Entry>>,
+    in_flight: DashMap<u64, Slot>,
     deadlines: Deadlines,
     // Only reconciles already reported hung land here: rare, so a plain mutex.
     ended: Mutex<Vec<Ended>>,
@@ -178,8 +190,39 @@ impl Registry {
             self.shared
                 .in_flight
                 .iter()
-                .map(|e| e.value().snapshot_at(&clocks, &mut threads)),
+                .map(|e| e.value().entry.snapshot_at(&clocks, &mut threads)),
         );
+    }
+
+    /// What the monitor needs of one scan, cheaply: copies into `out` only the
+    /// reconciles past their deadline at `now` (and, with `in_poll`, those inside a poll),
+    /// and counts every reconcile per controller into `counts`. On-time reconciles are
+    /// counted from the map alone, without touching their entries.
+    pub fn scan_into(
+        &self,
+        now: Instant,
+        in_poll: bool,
+        out: &mut Vec<InFlight>,
+        counts: &mut ControllerCounts,
+    ) {
+        out.clear();
+        counts.clear();
+        let clocks = Clocks::at(now);
+        let mut threads = InfoCache::default();
+        for slot in self.shared.in_flight.iter() {
+            // Controllers are few and their names shared: compare pointers, not strings.
+            match counts
+                .iter_mut()
+                .find(|(c, _)| Arc::ptr_eq(c, &slot.controller))
+            {
+                Some((_, n)) => *n += 1,
+                None => counts.push((Arc::clone(&slot.controller), 1)),
+            }
+            let overdue = slot.overdue_after.is_some_and(|at| now > at);
+            if overdue || (in_poll && slot.entry.in_poll()) {
+                out.push(slot.entry.snapshot_at(&clocks, &mut threads));
+            }
+        }
     }
 
     /// Takes the reconciles that ended after being reported hung.
@@ -192,8 +235,8 @@ impl Registry {
     /// Returns false when it has already ended.
     pub fn mark_reported_hung(&self, id: u64) -> bool {
         match self.shared.in_flight.get(&id) {
-            Some(entry) => {
-                entry.mark_reported_hung();
+            Some(slot) => {
+                slot.entry.mark_reported_hung();
                 true
             }
             None => false,
@@ -209,7 +252,7 @@ impl Registry {
             .shared
             .in_flight
             .get(&id)
-            .map(|e| Arc::clone(e.value()));
+            .map(|e| Arc::clone(&e.value().entry));
         match entry {
             Some(entry) => {
                 entry.request_cancel();
@@ -237,7 +280,12 @@ impl Registry {
             deadline,
             shared.epoch,
         ));
-        shared.in_flight.insert(id, Arc::clone(&entry));
+        let slot = Slot {
+            overdue_after: entry.started.checked_add(deadline),
+            controller: Arc::clone(&entry.controller),
+            entry: Arc::clone(&entry),
+        };
+        shared.in_flight.insert(id, slot);
         Guard {
             registry: self.clone(),
             entry,

@@ -108,8 +108,11 @@ impl RuntimeHeartbeat {
 /// One finished scan, as an [`Observer`] sees it.
 #[derive(Debug)]
 pub struct Scan<'a> {
-    /// Every reconcile in flight at the scan.
-    pub in_flight: &'a [InFlight],
+    /// The reconciles the verdict looked at: those past their deadline, and during a
+    /// runtime stall those inside a poll. On-time reconciles are only counted.
+    pub attention: &'a [InFlight],
+    /// Every reconcile in flight, counted per controller.
+    pub in_flight_by_controller: &'a [(Arc<str>, usize)],
     /// What the verdict decided.
     pub decision: &'a Decision,
     /// How long the scan took (snapshot, decision and reports).
@@ -329,6 +332,7 @@ fn run(
     let _alive = AliveFlag(&status.alive);
     let interval = verdict.config().interval;
     let mut snapshot = Vec::new();
+    let mut counts = Vec::new();
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
@@ -337,8 +341,13 @@ fn run(
         // Ended first: a guard leaves the map before it queues its end, so nothing taken
         // here can still be in the snapshot and be judged hung a second time.
         let ended = registry.take_ended();
-        registry.snapshot_into(&mut snapshot);
         let heartbeat_age = runtime.map(|r| r.heartbeat.age(now));
+        // The verdict acts only on overdue reconciles, and on those inside a poll when
+        // the runtime stalls: copy just those (a scan of 100,000 on-time reconciles then
+        // never touches their entries).
+        let stalled =
+            heartbeat_age.is_some_and(|age| age > verdict.config().runtime_stall_threshold);
+        registry.scan_into(now, stalled, &mut snapshot, &mut counts);
         let decision = verdict.step(&snapshot, ended, heartbeat_age, now);
 
         // Mark before reporting: a reconcile that ends from here on is reported ended.
@@ -360,7 +369,8 @@ fn run(
         }
         if let Some(observer) = observer {
             observer.scanned(&Scan {
-                in_flight: &snapshot,
+                attention: &snapshot,
+                in_flight_by_controller: &counts,
                 decision: &decision,
                 took: now.elapsed(),
                 runtime_heartbeat_age: heartbeat_age,
