@@ -6,7 +6,7 @@ mod support;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use support::{Process, eventually, get};
+use support::{Process, eventually, field, get};
 
 /// The demos run one at a time: a spinning hang burns a core, and CI has two.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -17,10 +17,6 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 
 const DEADLINE: Duration = Duration::from_secs(1);
 const INTERVAL: Duration = Duration::from_millis(250);
-
-fn field<'a>(event: &'a serde_json::Value, key: &str) -> &'a str {
-    event[key].as_str().unwrap_or_default()
-}
 
 fn progress(process: &Process, controller: &str) -> Vec<u64> {
     process
@@ -46,16 +42,9 @@ fn hang_reports(process: &Process, level: &str) -> Vec<serde_json::Value> {
 /// `demo` with JSON logs, a free probe port, the test's deadline and interval, and `extra`
 /// (which sets `--duration`: the process is killed at the end of each test anyway).
 fn start_demo(extra: &[&str]) -> Process {
-    let mut args = vec![
-        "demo",
-        "--log-format=json",
-        "--health-probe-bind-address=127.0.0.1:0",
-        "--metrics-bind-address=0",
-        "--reconcile-deadline=1s",
-        "--watchdog-interval=250ms",
-    ];
+    let mut args = vec!["--reconcile-deadline=1s", "--watchdog-interval=250ms"];
     args.extend_from_slice(extra);
-    Process::start(&args)
+    Process::demo(&args)
 }
 
 fn demo_hang(kind: &str, expected_state: &str) {

@@ -5,29 +5,15 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Process, eventually, request};
+use support::{Process, eventually, field, request};
 
 /// How long any eventual outcome may take: generous, for a busy two-core machine.
 const PATIENCE: Duration = Duration::from_secs(60);
 
 fn demo(args: &[&str]) -> Process {
-    let mut all = vec![
-        "demo",
-        "--health-probe-bind-address",
-        "127.0.0.1:0",
-        "--metrics-bind-address",
-        "0",
-        "--log-format",
-        "json",
-        "--duration",
-        "5m",
-    ];
+    let mut all = vec!["--duration", "5m"];
     all.extend_from_slice(args);
-    Process::start(&all)
-}
-
-fn field<'a>(json: &'a serde_json::Value, name: &str) -> &'a str {
-    json.get(name).and_then(|v| v.as_str()).unwrap_or_default()
+    Process::demo(&all)
 }
 
 /// The first JSON log event that `matches`, once it is written.

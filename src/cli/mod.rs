@@ -80,7 +80,7 @@ pub fn main() -> ExitCode {
                 Ok(signals) => signals,
                 Err(error) => return report(Err(error)),
             };
-            let wait = move || match options_duration(&args.duration) {
+            let wait = move || match args.duration {
                 Some(d) => drop(signals.recv_timeout(d)),
                 None => drop(signals.recv()),
             };
@@ -93,10 +93,6 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Crd => run::crd(),
     }
-}
-
-fn options_duration(d: &Option<Duration>) -> Option<Duration> {
-    *d
 }
 
 /// Exit status 1 with the whole error chain on stderr.

@@ -104,6 +104,11 @@ fn dechunk(mut body: &str) -> Option<String> {
     }
 }
 
+/// The string field `key` of a JSON log event, or "" when absent.
+pub fn field<'a>(event: &'a serde_json::Value, key: &str) -> &'a str {
+    event[key].as_str().unwrap_or_default()
+}
+
 /// Polls `f` every 50 ms until it returns Some, or panics after `timeout` naming `what`.
 pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -127,6 +132,18 @@ pub struct Process {
 }
 
 impl Process {
+    /// `demo` with JSON logs, a free probe port and no metrics server, then `extra`.
+    pub fn demo(extra: &[&str]) -> Self {
+        let mut args = vec![
+            "demo",
+            "--log-format=json",
+            "--health-probe-bind-address=127.0.0.1:0",
+            "--metrics-bind-address=0",
+        ];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
     /// Starts the binary with `args`.
     pub fn start(args: &[&str]) -> Self {
         Self::start_with_env(args, &[])
