@@ -176,22 +176,13 @@ impl Registry {
     /// copying it, so reconciles that start meanwhile wait at most one shard's copy.
     #[must_use]
     pub fn snapshot(&self) -> Vec<InFlight> {
-        let mut out = Vec::with_capacity(self.len());
-        self.snapshot_into(&mut out);
-        out
-    }
-
-    /// Like [`snapshot`](Self::snapshot), reusing `out`'s allocation.
-    pub fn snapshot_into(&self, out: &mut Vec<InFlight>) {
-        out.clear();
         let clocks = Clocks::now();
         let mut threads = InfoCache::default();
-        out.extend(
-            self.shared
-                .in_flight
-                .iter()
-                .map(|e| e.value().entry.snapshot_at(&clocks, &mut threads)),
-        );
+        self.shared
+            .in_flight
+            .iter()
+            .map(|e| e.value().entry.snapshot_at(&clocks, &mut threads))
+            .collect()
     }
 
     /// What the monitor needs of one scan, cheaply: copies into `out` only the
