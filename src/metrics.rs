@@ -440,12 +440,10 @@ mod tests {
     fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
         let metrics = Metrics::new(Arc::new(Health::new()));
         let registry = Registry::new(Duration::from_secs(60));
-        let hung = registry.register(
-            "jobs".into(),
-            "Job".into(),
-            ObjectKey::namespaced("ns", "stuck"),
-            Duration::ZERO,
-        );
+        let hung = registry
+            .controller("jobs", "Job")
+            .with_deadline(Duration::ZERO)
+            .register(ObjectKey::namespaced("ns", "stuck"));
         let config = Config {
             interval: Duration::from_millis(100),
             policy: HangPolicy::Cancel,

@@ -166,12 +166,10 @@ fn a_scan_copies_only_what_the_verdict_acts_on_and_counts_the_rest() {
         .map(|i| web.register(ObjectKey::cluster(&format!("w{i}"))))
         .collect();
     let _db = db.register(ObjectKey::cluster("d"));
-    let late = registry.register(
-        "late".into(),
-        "Widget".into(),
-        ObjectKey::cluster("l"),
-        Duration::ZERO,
-    );
+    let late = registry
+        .controller("late", "Widget")
+        .with_deadline(Duration::ZERO)
+        .register(ObjectKey::cluster("l"));
     let (mut out, mut counts) = (Vec::new(), Vec::new());
     registry.scan_into(
         std::time::Instant::now() + Duration::from_millis(1),

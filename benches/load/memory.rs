@@ -1,12 +1,11 @@
 //! Memory: bytes per in-flight guard, computed and measured, and resident memory across a million reconciles.
 
 use std::mem::size_of;
-use std::sync::Arc;
 use std::time::Duration;
 
 use reconcile_watchdog::guard::{Guard, Guarded, ObjectKey, Registry};
 
-use crate::support::{DEADLINE, FloorEntry, NoOp};
+use crate::support::{DEADLINE, FloorEntry, FloorSlot, NoOp};
 
 /// What was computed and measured.
 pub struct Memory {
@@ -68,7 +67,7 @@ pub fn run(completed: usize, in_flight: usize) -> Memory {
         guarded_inline: size_of::<Guarded<NoOp>>(),
         guard_inline: size_of::<Guard>(),
         entry_heap: size_of::<FloorEntry>() + 2 * size_of::<usize>(),
-        map_slot: size_of::<(u64, Arc<FloorEntry>)>(),
+        map_slot: size_of::<(u64, FloorSlot)>(),
         in_flight,
         measured_heap_per_guard,
         completed,

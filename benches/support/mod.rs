@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use futures::task::AtomicWaker;
-use reconcile_watchdog::guard::{ControllerHandle, Guarded, InFlight, ObjectKey, Registry};
+use reconcile_watchdog::guard::{
+    BuildIdHasher, ControllerHandle, Guarded, InFlight, ObjectKey, Registry,
+};
 use reconcile_watchdog::monitor::{Config, Verdict};
 
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
@@ -110,18 +112,26 @@ pub fn drive<F: Future>(future: F) -> F::Output {
     }
 }
 
+/// What the floor's entries share per controller, as the registry's entries share one
+/// `guard::registry::Controller` (name, kind, deadline and the map's owner).
+#[allow(dead_code)] // Only cloned into entries.
+pub struct FloorController {
+    name: Arc<str>,
+    kind: Arc<str>,
+    deadline: Duration,
+    map: Arc<()>,
+}
+
 /// The floor's entry: the same fields as the guard's registry entry (`guard::entry::Entry`,
 /// private to the crate; keep the two in step), so the allocation has the same size and
-/// the same three `Arc`s are cloned into it and the same start time is read, but nothing
-/// is recorded per poll. It goes into a map configured like the registry's (same key, value, hasher
-/// and shard count).
+/// the same two `Arc`s (controller and object) are cloned into it and the same start
+/// time is read, but nothing is recorded per poll. It goes into a map configured like
+/// the registry's (same key, hasher and shard count, a value of the same size).
 #[allow(dead_code)] // Only built, inserted and removed: that is the point.
 pub struct FloorEntry {
     id: u64,
-    controller: Arc<str>,
-    kind: Arc<str>,
+    controller: Arc<FloorController>,
     object: ObjectKey,
-    deadline: Duration,
     started: Instant,
     /// The registry's epoch on the precise and the coarse clock.
     epoch: (Instant, u64),
@@ -130,23 +140,42 @@ pub struct FloorEntry {
     waker: AtomicWaker,
 }
 
+/// The floor's map value: the same size as the registry's (`guard::registry::Slot`:
+/// when the reconcile started, its controller's address, the entry).
+#[allow(dead_code)] // Only inserted and removed.
+pub struct FloorSlot {
+    started: Instant,
+    controller: usize,
+    entry: Arc<FloorEntry>,
+}
+
+impl FloorSlot {
+    fn new(entry: FloorEntry) -> Self {
+        Self {
+            started: entry.started,
+            controller: Arc::as_ptr(&entry.controller) as usize,
+            entry: Arc::new(entry),
+        }
+    }
+}
+
 /// The least a scan can do: `len` entries like the registry's in a map like the
 /// registry's, and a pass over them that only asks each whether it is overdue, copying
 /// nothing. The reference for the monitor's scan.
 pub struct FloorScan {
-    map: DashMap<u64, Arc<FloorEntry>>,
+    map: DashMap<u64, FloorSlot, BuildIdHasher>,
 }
 
 impl FloorScan {
     /// `len` entries of distinct objects.
     pub fn new(len: usize) -> Self {
         let ops = Ops::new();
-        let map = DashMap::with_shard_amount(REGISTRY_SHARDS);
+        let map = DashMap::with_hasher_and_shard_amount(BuildIdHasher::default(), REGISTRY_SHARDS);
         for id in 0..len as u64 {
             let mut entry = ops.floor_entry(id);
             entry.object = ObjectKey::namespaced("default", &format!("object-{id}"));
             entry.started = Instant::now();
-            map.insert(id, Arc::new(entry));
+            map.insert(id, FloorSlot::new(entry));
         }
         Self { map }
     }
@@ -155,7 +184,10 @@ impl FloorScan {
     pub fn count_overdue(&self, now: Instant) -> usize {
         self.map
             .iter()
-            .filter(|e| now.saturating_duration_since(e.started) > e.deadline)
+            .filter(|e| {
+                let entry = &e.entry;
+                now.saturating_duration_since(entry.started) > entry.controller.deadline
+            })
             .count()
     }
 }
@@ -163,10 +195,9 @@ impl FloorScan {
 /// One reconcile, run any of the four ways, again and again.
 pub struct Ops {
     handle: ControllerHandle,
-    controller: Arc<str>,
-    kind: Arc<str>,
+    controller: Arc<FloorController>,
     object: ObjectKey,
-    floor: DashMap<u64, Arc<FloorEntry>>,
+    floor: DashMap<u64, FloorSlot, BuildIdHasher>,
     next_floor_id: AtomicU64,
     epoch: Instant,
     runtime: tokio::runtime::Runtime,
@@ -183,10 +214,14 @@ impl Ops {
             .expect("a tokio runtime for the timeout variant");
         Self {
             handle: registry.controller("bench", "ConfigMap"),
-            controller: "bench".into(),
-            kind: "ConfigMap".into(),
+            controller: Arc::new(FloorController {
+                name: "bench".into(),
+                kind: "ConfigMap".into(),
+                deadline: DEADLINE,
+                map: Arc::new(()),
+            }),
             object: ObjectKey::namespaced("default", "bench-object"),
-            floor: DashMap::with_shard_amount(REGISTRY_SHARDS),
+            floor: DashMap::with_hasher_and_shard_amount(BuildIdHasher::default(), REGISTRY_SHARDS),
             next_floor_id: AtomicU64::new(1),
             epoch: Instant::now(),
             runtime,
@@ -215,7 +250,7 @@ impl Ops {
             ),
             Variant::Floor => {
                 let id = self.next_floor_id.fetch_add(1, Ordering::Relaxed);
-                self.floor.insert(id, Arc::new(self.floor_entry(id)));
+                self.floor.insert(id, FloorSlot::new(self.floor_entry(id)));
                 let result = drive(NoOp::new(shape));
                 self.floor.remove(&id);
                 result.is_ok()
@@ -232,9 +267,7 @@ impl Ops {
         FloorEntry {
             id,
             controller: Arc::clone(&self.controller),
-            kind: Arc::clone(&self.kind),
             object: self.object.clone(),
-            deadline: DEADLINE,
             // The entry records when its reconcile started, as the registry's does: that
             // clock read is part of any registry of reconciles with deadlines.
             started: Instant::now(),

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::task::AtomicWaker;
 
+use super::registry::Controller;
 use super::thread::{self, ThreadInfo};
 
 /// The object a reconcile works on, rendered once as `namespace/name` (or `name` for
@@ -102,23 +103,28 @@ pub enum PollState {
     },
 }
 
+/// The stamp of a poll dated by the reconcile's start: the epoch, which `Entry::instant`
+/// raises to the start.
+const AT_START: u64 = 1;
+
 /// The shared record of one in-flight reconcile. Written by the task that polls it,
 /// read by the monitor; every mutable field is an atomic so neither side takes a lock.
 pub(crate) struct Entry {
     pub(crate) id: u64,
-    pub(crate) controller: Arc<str>,
-    pub(crate) kind: Arc<str>,
+    /// Name, kind, deadline and registry, shared by every reconcile of the controller:
+    /// one reference count per reconcile instead of one per field.
+    pub(crate) controller: Arc<Controller>,
     pub(crate) object: ObjectKey,
-    pub(crate) deadline: Duration,
     pub(crate) started: Instant,
-    /// The instant every `*_ns` field counts from (the registry's epoch).
+    /// The instant `poll` counts from (the registry's epoch).
     epoch: Epoch,
     polls: AtomicU64,
-    /// Nanoseconds since `epoch` plus one when the current poll began; 0 outside a poll.
-    poll_began_ns: AtomicU64,
-    /// Nanoseconds since `epoch` plus one when the last poll ended; 0 before the first.
-    poll_ended_ns: AtomicU64,
+    /// The latest poll in one word, so that a poll's end needs no clock read: bit 0 is
+    /// set while it runs; the bits above hold when it began, in nanoseconds since
+    /// `epoch` plus one (0 before the first poll).
+    poll: AtomicU64,
     thread: AtomicU64,
+    /// The tokio task of the first poll: a pinned future stays in the task that polls it.
     task_id: AtomicU64,
     cancel_requested: AtomicBool,
     /// Set by the monitor once it has reported this entry as hung, so that its end is
@@ -128,26 +134,20 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: u64,
-        controller: Arc<str>,
-        kind: Arc<str>,
+        controller: Arc<Controller>,
         object: ObjectKey,
-        deadline: Duration,
         epoch: Epoch,
     ) -> Self {
         Self {
             id,
             controller,
-            kind,
             object,
-            deadline,
             started: Instant::now(),
             epoch,
             polls: AtomicU64::new(0),
-            poll_began_ns: AtomicU64::new(0),
-            poll_ended_ns: AtomicU64::new(0),
+            poll: AtomicU64::new(0),
             thread: AtomicU64::new(0),
             task_id: AtomicU64::new(0),
             cancel_requested: AtomicBool::new(false),
@@ -164,8 +164,8 @@ impl Entry {
         let since = coarsetime::Instant::now_without_cache_update()
             .duration_since(self.epoch.coarse)
             .as_nanos();
-        // +1 keeps 0 free to mean "never"; u64 nanoseconds last 584 years.
-        since.min(u64::MAX - 1) + 1
+        // +1 keeps 0 free to mean "never"; 63 bits of nanoseconds last 292 years.
+        since.min(u64::MAX >> 2) + 1
     }
 
     /// The instant of `stamp`, kept between the start and `now`: the coarse clock's
@@ -178,17 +178,25 @@ impl Entry {
         })
     }
 
-    /// Records the start of a poll: a clock read and a handful of relaxed stores.
+    /// Records the start of a poll: a handful of relaxed stores, and from the second
+    /// poll on, one coarse clock read.
     pub(crate) fn poll_begins(&self) {
-        self.poll_began_ns
-            .store(self.stamp_now(), Ordering::Release);
-        // Only the task polling the reconcile writes the count (a poll holds it by
-        // `&mut`), so a load and a store do what a read-modify-write would, for less.
-        self.polls
-            .store(self.polls.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        // Only the task polling the reconcile writes these (a poll holds it by `&mut`),
+        // so a load and a store do what a read-modify-write would, for less.
+        let polls = self.polls.load(Ordering::Relaxed);
+        let began = if polls == 0 {
+            // The first poll follows registration at once, so its start is dated by the
+            // registration's clock read (`instant` keeps every stamp at or after the
+            // start): a reconcile that finishes in one poll reads no clock of its own.
+            self.task_id
+                .store(thread::current_task_id(), Ordering::Relaxed);
+            AT_START
+        } else {
+            self.stamp_now()
+        };
+        self.poll.store(began << 1 | 1, Ordering::Release);
+        self.polls.store(polls + 1, Ordering::Relaxed);
         self.thread.store(thread::current_slot(), Ordering::Relaxed);
-        self.task_id
-            .store(thread::current_task_id(), Ordering::Relaxed);
     }
 
     /// Remembers the waker of a reconcile that now waits, so a cancel request can wake it.
@@ -196,15 +204,15 @@ impl Entry {
         self.waker.register(waker);
     }
 
+    /// Records the end of a poll: the in-poll bit cleared, its start kept.
     pub(crate) fn poll_ends(&self) {
-        self.poll_ended_ns
-            .store(self.stamp_now(), Ordering::Relaxed);
-        self.poll_began_ns.store(0, Ordering::Release);
+        let poll = self.poll.load(Ordering::Relaxed);
+        self.poll.store(poll & !1, Ordering::Release);
     }
 
     /// Whether a poll is under way.
     pub(crate) fn in_poll(&self) -> bool {
-        self.poll_began_ns.load(Ordering::Acquire) != 0
+        self.poll.load(Ordering::Acquire) & 1 == 1
     }
 
     pub(crate) fn cancel_requested(&self) -> bool {
@@ -233,18 +241,19 @@ impl Entry {
     /// A plain-data copy for the monitor and the debug view, one of many taken at
     /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
     pub(crate) fn snapshot_at(&self, clocks: &Clocks, threads: &mut thread::InfoCache) -> InFlight {
-        let began = self.poll_began_ns.load(Ordering::Acquire);
-        let poll = match self.instant(began, clocks.now) {
-            Some(since) => PollState::InPoll { since },
-            None => PollState::Awaiting,
+        let latest = self.poll.load(Ordering::Acquire);
+        let began = self.instant(latest >> 1, clocks.now);
+        let poll = match began {
+            Some(since) if latest & 1 == 1 => PollState::InPoll { since },
+            _ => PollState::Awaiting,
         };
         let task_id = self.task_id.load(Ordering::Relaxed);
         InFlight {
             id: self.id,
-            controller: Arc::clone(&self.controller),
-            kind: Arc::clone(&self.kind),
+            controller: Arc::clone(&self.controller.name),
+            kind: Arc::clone(&self.controller.kind),
             object: self.object.clone(),
-            deadline: self.deadline,
+            deadline: self.controller.deadline,
             started: self.started,
             // Dated on the wall clock here rather than at registration, which saves the
             // hot path a clock read.
@@ -254,7 +263,7 @@ impl Entry {
                 .unwrap_or(clocks.wall),
             polls: self.polls.load(Ordering::Relaxed),
             poll,
-            last_poll_end: self.instant(self.poll_ended_ns.load(Ordering::Relaxed), clocks.now),
+            last_poll_began: began,
             thread: threads.info(self.thread.load(Ordering::Relaxed)),
             task_id: (task_id != 0).then_some(task_id),
             cancel_requested: self.cancel_requested(),
@@ -319,11 +328,13 @@ pub struct InFlight {
     pub polls: u64,
     /// Inside a poll right now, or waiting for a wake-up.
     pub poll: PollState,
-    /// When the last poll returned, if any has.
-    pub last_poll_end: Option<Instant>,
+    /// When the latest poll began, if it was ever polled. (Its end is not recorded: that
+    /// would cost a clock read per poll, and for a reconcile that waits, the poll before
+    /// the wait is short beside the wait.)
+    pub last_poll_began: Option<Instant>,
     /// The OS thread of the latest poll.
     pub thread: Option<ThreadInfo>,
-    /// The tokio task of the latest poll, when it ran inside one.
+    /// The tokio task of the first poll, when it ran inside one.
     pub task_id: Option<u64>,
     /// The watchdog has asked it to stop.
     pub cancel_requested: bool,
@@ -342,14 +353,12 @@ impl InFlight {
         self.elapsed(now) > self.deadline
     }
 
-    /// How long ago the last poll returned (or began, when inside one), if it was ever polled.
+    /// How long ago the latest poll began, if it was ever polled: for a reconcile
+    /// inside a poll, how long it has been in it; for one that waits, about how long
+    /// it has waited.
     #[must_use]
     pub fn last_poll_ago(&self, now: Instant) -> Option<Duration> {
-        match self.poll {
-            PollState::InPoll { since } => Some(now.saturating_duration_since(since)),
-            PollState::Awaiting => self
-                .last_poll_end
-                .map(|at| now.saturating_duration_since(at)),
-        }
+        self.last_poll_began
+            .map(|at| now.saturating_duration_since(at))
     }
 }

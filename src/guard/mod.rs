@@ -15,7 +15,8 @@ mod thread;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use guarded::{Error, Guarded};
 pub use registry::{
-    ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, Observer, Registry,
+    BuildIdHasher, ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, IdHasher, Observer,
+    Registry,
 };
 pub use thread::ThreadInfo;
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -83,10 +84,51 @@ const SHARDS: usize = 256;
 /// One map value: what a scan needs to pass over an on-time reconcile, kept inline so
 /// that it does not follow the pointer to the entry (a cache miss per reconcile).
 struct Slot {
-    /// When it becomes overdue; None when its deadline is beyond the clock's range.
-    overdue_after: Option<Instant>,
-    controller: Arc<str>,
+    /// When it started; the scan compares it with one threshold per controller (now
+    /// less the deadline), so registering does no arithmetic on instants.
+    started: Instant,
+    /// The address of the entry's `Controller`: compared to count per controller, never
+    /// dereferenced (a clone of the `Arc` would cost two atomics per reconcile).
+    controller: usize,
     entry: Arc<Entry>,
+}
+
+/// The hasher of the registry's map. Its keys are ids from a counter, never chosen by a
+/// client, so one multiply by 2^64 / φ (Fibonacci hashing) spreads them over shards
+/// (high bits) and buckets (low bits) alike, for a fraction of SipHash's cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here; any other input still gets mixed.
+        for b in bytes {
+            self.write_u64(self.0 ^ u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Builds [`IdHasher`]s.
+pub type BuildIdHasher = BuildHasherDefault<IdHasher>;
+
+/// What every reconcile of one controller shares, fixed when its handle is made.
+///
+/// Entries hold it and it holds the registry, so a guard reaches the map through its
+/// entry. That is a reference cycle (map, entry, controller, registry) only while the
+/// entry is in the map, and the guard's drop takes it out.
+pub(crate) struct Controller {
+    pub(crate) registry: Registry,
+    pub(crate) name: Arc<str>,
+    pub(crate) kind: Arc<str>,
+    pub(crate) deadline: Duration,
 }
 
 /// In-flight reconciles per controller, as a scan counted them.
@@ -96,7 +138,7 @@ struct Shared {
     epoch: Epoch,
     observer: Option<Arc<dyn Observer>>,
     next_id: AtomicU64,
-    in_flight: DashMap<u64, Slot>,
+    in_flight: DashMap<u64, Slot, BuildIdHasher>,
     deadlines: Deadlines,
     // Only reconciles already reported hung land here: rare, so a plain mutex.
     ended: Mutex<Vec<Ended>>,
@@ -135,7 +177,7 @@ impl Registry {
                 epoch: Epoch::now(),
                 observer,
                 next_id: AtomicU64::new(1),
-                in_flight: DashMap::with_shard_amount(SHARDS),
+                in_flight: DashMap::with_hasher_and_shard_amount(BuildIdHasher::default(), SHARDS),
                 deadlines,
                 ended: Mutex::new(Vec::new()),
             }),
@@ -153,10 +195,12 @@ impl Registry {
     #[must_use]
     pub fn controller(&self, name: &str, kind: &str) -> ControllerHandle {
         ControllerHandle {
-            registry: self.clone(),
-            name: name.into(),
-            kind: kind.into(),
-            deadline: self.shared.deadlines.for_controller(name),
+            controller: Arc::new(Controller {
+                registry: self.clone(),
+                name: name.into(),
+                kind: kind.into(),
+                deadline: self.shared.deadlines.for_controller(name),
+            }),
         }
     }
 
@@ -200,16 +244,26 @@ impl Registry {
         counts.clear();
         let clocks = Clocks::at(now);
         let mut threads = InfoCache::default();
+        // Controllers are few: tell them apart by the address in the slot, and read a
+        // controller's name and deadline from its first entry only. Per controller, the
+        // reconciles that started before `overdue_before` are overdue (none when the
+        // deadline reaches back past the clock's origin).
+        let mut seen: Vec<(usize, Option<Instant>)> = Vec::new();
         for slot in self.shared.in_flight.iter() {
-            // Controllers are few and their names shared: compare pointers, not strings.
-            match counts
-                .iter_mut()
-                .find(|(c, _)| Arc::ptr_eq(c, &slot.controller))
-            {
-                Some((_, n)) => *n += 1,
-                None => counts.push((Arc::clone(&slot.controller), 1)),
-            }
-            let overdue = slot.overdue_after.is_some_and(|at| now > at);
+            let overdue_before = match seen.iter().position(|&(c, _)| c == slot.controller) {
+                Some(i) => {
+                    counts[i].1 += 1;
+                    seen[i].1
+                }
+                None => {
+                    let controller = &slot.entry.controller;
+                    let overdue_before = now.checked_sub(controller.deadline);
+                    seen.push((slot.controller, overdue_before));
+                    counts.push((Arc::clone(&controller.name), 1));
+                    overdue_before
+                }
+            };
+            let overdue = overdue_before.is_some_and(|before| slot.started < before);
             if overdue || (in_poll && slot.entry.in_poll()) {
                 out.push(slot.entry.snapshot_at(&clocks, &mut threads));
             }
@@ -252,75 +306,74 @@ impl Registry {
             None => false,
         }
     }
-
-    /// Registers a reconcile and returns the guard that removes it again.
-    pub fn register(
-        &self,
-        controller: Arc<str>,
-        kind: Arc<str>,
-        object: ObjectKey,
-        deadline: Duration,
-    ) -> Guard {
-        let shared = &self.shared;
-        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(Entry::new(
-            id,
-            controller,
-            kind,
-            object,
-            deadline,
-            shared.epoch,
-        ));
-        let slot = Slot {
-            overdue_after: entry.started.checked_add(deadline),
-            controller: Arc::clone(&entry.controller),
-            entry: Arc::clone(&entry),
-        };
-        shared.in_flight.insert(id, slot);
-        Guard {
-            registry: self.clone(),
-            entry,
-            outcome: None,
-        }
-    }
 }
 
 /// Registers the reconciles of one controller.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ControllerHandle {
-    registry: Registry,
-    name: Arc<str>,
-    kind: Arc<str>,
-    deadline: Duration,
+    controller: Arc<Controller>,
+}
+
+impl std::fmt::Debug for ControllerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerHandle")
+            .field("name", &self.controller.name)
+            .field("kind", &self.controller.kind)
+            .field("deadline", &self.controller.deadline)
+            .finish()
+    }
 }
 
 impl ControllerHandle {
     /// The controller's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.name
+        &self.controller.name
     }
 
     /// The controller's deadline.
     #[must_use]
     pub fn deadline(&self) -> Duration {
-        self.deadline
+        self.controller.deadline
     }
 
     /// The registry it registers in.
     #[must_use]
     pub fn registry(&self) -> &Registry {
-        &self.registry
+        &self.controller.registry
+    }
+
+    /// The same controller with another deadline than the registry's [`Deadlines`] give
+    /// it, for the reconciles registered through the returned handle.
+    #[must_use]
+    pub fn with_deadline(self, deadline: Duration) -> Self {
+        let c = &self.controller;
+        Self {
+            controller: Arc::new(Controller {
+                registry: c.registry.clone(),
+                name: Arc::clone(&c.name),
+                kind: Arc::clone(&c.kind),
+                deadline,
+            }),
+        }
     }
 
     /// Registers a reconcile of `object` by hand; prefer [`guard`](Self::guard).
     pub fn register(&self, object: ObjectKey) -> Guard {
-        self.registry.register(
-            Arc::clone(&self.name),
-            Arc::clone(&self.kind),
-            object,
-            self.deadline,
-        )
+        let controller = &self.controller;
+        let shared = &controller.registry.shared;
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(Entry::new(id, Arc::clone(controller), object, shared.epoch));
+        let slot = Slot {
+            started: entry.started,
+            controller: Arc::as_ptr(controller) as usize,
+            entry: Arc::clone(&entry),
+        };
+        shared.in_flight.insert(id, slot);
+        Guard {
+            entry,
+            outcome: None,
+        }
     }
 
     /// Runs `reconcile` for `object` under a guard that records its polls.
@@ -338,7 +391,6 @@ impl ControllerHandle {
 /// a panic unwinding through it, or the future that owns it being dropped.
 #[must_use = "the reconcile leaves the registry as soon as the guard is dropped"]
 pub struct Guard {
-    registry: Registry,
     entry: Arc<Entry>,
     outcome: Option<Outcome>,
 }
@@ -347,7 +399,7 @@ impl std::fmt::Debug for Guard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
             .field("id", &self.entry.id)
-            .field("controller", &self.entry.controller)
+            .field("controller", &self.entry.controller.name)
             .field("object", &self.entry.object)
             .finish()
     }
@@ -373,7 +425,7 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let shared = &self.registry.shared;
+        let shared = &self.entry.controller.registry.shared;
         // Leave the map before queueing the end: the monitor takes ends before it
         // snapshots, so it never sees one reconcile both ended and in flight.
         shared.in_flight.remove(&self.entry.id);
@@ -387,8 +439,8 @@ impl Drop for Guard {
         if let Some(observer) = &shared.observer {
             let entry = &self.entry;
             observer.finished(
-                &entry.controller,
-                &entry.kind,
+                &entry.controller.name,
+                &entry.controller.kind,
                 outcome(),
                 entry.started.elapsed(),
             );

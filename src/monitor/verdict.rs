@@ -538,7 +538,7 @@ mod tests {
             started_at: SystemTime::UNIX_EPOCH,
             polls: 1,
             poll: PollState::Awaiting,
-            last_poll_end: Some(started),
+            last_poll_began: Some(started),
             thread: Some(ThreadInfo {
                 name: "worker".into(),
                 tid: Some(42),

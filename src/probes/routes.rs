@@ -337,12 +337,10 @@ mod tests {
         let _on_time = registry
             .controller("slow", "Widget")
             .register(ObjectKey::namespaced("ns", "a"));
-        let _overdue = registry.register(
-            "late".into(),
-            "Widget".into(),
-            ObjectKey::cluster("b"),
-            Duration::ZERO,
-        );
+        let _overdue = registry
+            .controller("late", "Widget")
+            .with_deadline(Duration::ZERO)
+            .register(ObjectKey::cluster("b"));
         let probes = Probes::new(Arc::new(Health::new()), registry.clone());
         let r = probes.respond(&Method::GET, "/debug/reconciles", "");
         assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
