@@ -9,32 +9,25 @@ use reconcile_watchdog::guard::ObjectKey;
 
 use crate::support::InFlightSet;
 
-/// Registrations timed one by one, split by whether the kernel preempted the thread
-/// during the registration.
+/// Registrations timed one by one, split by what the thread's context switches say
+/// happened during each.
 #[derive(Default)]
 pub struct Registrations {
-    /// Registrations during which the thread kept its CPU.
-    pub kept_cpu: Vec<Duration>,
-    /// Registrations during which the kernel switched the thread out involuntarily:
-    /// their time includes however long another thread ran in its place.
+    /// No context switch: the thread ran the registration through.
+    pub ran_through: Vec<Duration>,
+    /// A voluntary switch and no involuntary one: the thread parked, which during a
+    /// registration means it waited for a shard lock.
+    pub parked: Vec<Duration>,
+    /// An involuntary switch: the kernel gave the CPU to another thread meanwhile.
     pub preempted: Vec<Duration>,
 }
 
 impl Registrations {
-    /// The slowest registration, preempted or not.
-    pub fn worst(&self) -> Duration {
-        self.kept_cpu
-            .iter()
-            .chain(&self.preempted)
-            .copied()
-            .max()
-            .unwrap_or_default()
-    }
-
     /// Every registration's time.
     pub fn all(&self) -> Vec<Duration> {
-        self.kept_cpu
+        self.ran_through
             .iter()
+            .chain(&self.parked)
             .chain(&self.preempted)
             .copied()
             .collect()
@@ -51,16 +44,19 @@ pub struct InsertLatency {
     pub during_scans: Registrations,
     /// How many scans ran meanwhile.
     pub scans: usize,
+    /// How many times the kernel switched the scanning thread out involuntarily; as it
+    /// scans back to back, it holds a shard's read lock almost all the time.
+    pub scanner_preempted: u64,
 }
 
-/// The calling thread's count of involuntary context switches, from
+/// The calling thread's counts of voluntary and involuntary context switches, from
 /// `/proc/thread-self/status` (read with `pread`, so the file is opened once per thread).
-struct Preemptions {
+struct Switches {
     status: File,
     buf: Vec<u8>,
 }
 
-impl Preemptions {
+impl Switches {
     fn for_this_thread() -> Self {
         Self {
             status: File::open("/proc/thread-self/status")
@@ -69,41 +65,51 @@ impl Preemptions {
         }
     }
 
-    fn count(&mut self) -> u64 {
+    /// (voluntary, involuntary).
+    fn count(&mut self) -> (u64, u64) {
         let n = self.status.read_at(&mut self.buf, 0).expect("read status");
         let text = std::str::from_utf8(&self.buf[..n]).expect("status is text");
-        text.lines()
-            .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("nonvoluntary_ctxt_switches in status")
+        let field = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{name} in /proc/thread-self/status"))
+        };
+        (
+            field("voluntary_ctxt_switches:"),
+            field("nonvoluntary_ctxt_switches:"),
+        )
     }
 }
 
 /// Fills a registry with `in_flight` reconciles, then for `duration` registers and
 /// ends reconciles back to back on this thread, timing each registration: first
 /// alone, then while a second thread runs monitor scans (snapshot and verdict)
-/// continuously. Each registration is classed by whether the thread was preempted
-/// during it (its involuntary switch count, read before and after, untimed).
+/// continuously. Each registration is classed by the thread's context switches during
+/// it (read before and after, untimed).
 pub fn run(in_flight: usize, duration: Duration) -> InsertLatency {
     let mut set = InFlightSet::new(in_flight);
     let handle = set.registry.controller("inserter", "ConfigMap");
     let object = ObjectKey::namespaced("default", "inserted");
     let register_for = |duration: Duration| {
-        let mut preemptions = Preemptions::for_this_thread();
+        let mut switches = Switches::for_this_thread();
         let mut seen = Registrations::default();
         let end = Instant::now() + duration;
-        let mut before = preemptions.count();
+        let mut before = switches.count();
         while Instant::now() < end {
             let start = Instant::now();
             let guard = handle.register(object.clone());
             let took = start.elapsed();
             drop(guard);
-            let after = preemptions.count();
-            if after == before {
-                seen.kept_cpu.push(took);
+            let after = switches.count();
+            let class = if after.1 != before.1 {
+                &mut seen.preempted
+            } else if after.0 != before.0 {
+                &mut seen.parked
             } else {
-                seen.preempted.push(took);
-            }
+                &mut seen.ran_through
+            };
+            class.push(took);
             before = after;
         }
         seen
@@ -111,14 +117,16 @@ pub fn run(in_flight: usize, duration: Duration) -> InsertLatency {
 
     let idle = register_for(duration);
     let scanning = AtomicBool::new(true);
-    let (during_scans, scans) = std::thread::scope(|s| {
+    let (during_scans, (scans, scanner_preempted)) = std::thread::scope(|s| {
         let scanner = s.spawn(|| {
+            let mut switches = Switches::for_this_thread();
+            let (_, preempted_before) = switches.count();
             let mut scans = 0;
             while scanning.load(Ordering::Relaxed) {
                 assert!(set.scan() >= in_flight);
                 scans += 1;
             }
-            scans
+            (scans, switches.count().1 - preempted_before)
         });
         let latencies = register_for(duration);
         scanning.store(false, Ordering::Relaxed);
@@ -129,5 +137,6 @@ pub fn run(in_flight: usize, duration: Duration) -> InsertLatency {
         idle,
         during_scans,
         scans,
+        scanner_preempted,
     }
 }

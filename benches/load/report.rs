@@ -181,30 +181,38 @@ impl Figures {
         }
         let insert = &self.insert;
         let describe = |r: &crate::insert_latency::Registrations| {
+            let worst = |class: &[Duration]| {
+                let over = class
+                    .iter()
+                    .filter(|d| **d >= Duration::from_millis(1))
+                    .count();
+                class.iter().max().map_or_else(
+                    || format!("none of {}", class.len()),
+                    |w| format!("worst {} of {} ({over} ≥ 1 ms)", fmt(*w), class.len()),
+                )
+            };
             let mut all = r.all();
             format!(
-                "worst {}; p99.99 {}; p99.9 {} ({} registrations); not preempted ({}): worst {}",
-                fmt(r.worst()),
+                "worst {}; p99.99 {}; p99.9 {} ({} registrations). Ran through: {}; parked on a lock: {}; preempted: {}",
+                fmt(quantile(&mut all, 1.0)),
                 fmt(quantile(&mut all, 0.9999)),
                 fmt(quantile(&mut all, 0.999)),
                 all.len(),
-                r.kept_cpu.len(),
-                r.kept_cpu
-                    .iter()
-                    .max()
-                    .map_or_else(|| "none".into(), |w| fmt(*w)),
+                worst(&r.ran_through),
+                worst(&r.parked),
+                worst(&r.preempted),
             )
         };
-        let worst_kept = insert.during_scans.kept_cpu.iter().max().copied();
+        let worst = insert.during_scans.all().into_iter().max();
         rows.push(Row {
             measure: format!(
-                "2. registration while scanning {} in flight ({} scans)",
-                insert.in_flight, insert.scans
+                "2. registration while scanning {} in flight ({} scans back to back; the scanner preempted {} times)",
+                insert.in_flight, insert.scans, insert.scanner_preempted
             ),
             figure: describe(&insert.during_scans),
-            budget: "worst < 1 ms, not preempted".into(),
+            budget: "worst < 1 ms".into(),
             reference: format!("no scan: {}", describe(&insert.idle)),
-            met: worst_kept.map(|w| w < Duration::from_millis(1)),
+            met: worst.map(|w| w < Duration::from_millis(1)),
         });
     }
 

@@ -110,7 +110,6 @@ const AT_START: u64 = 1;
 /// The shared record of one in-flight reconcile. Written by the task that polls it,
 /// read by the monitor; every mutable field is an atomic so neither side takes a lock.
 pub(crate) struct Entry {
-    pub(crate) id: u64,
     /// Name, kind, deadline and registry, shared by every reconcile of the controller:
     /// one reference count per reconcile instead of one per field.
     pub(crate) controller: Arc<Controller>,
@@ -134,14 +133,8 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    pub(crate) fn new(
-        id: u64,
-        controller: Arc<Controller>,
-        object: ObjectKey,
-        epoch: Epoch,
-    ) -> Self {
+    pub(crate) fn new(controller: Arc<Controller>, object: ObjectKey, epoch: Epoch) -> Self {
         Self {
-            id,
             controller,
             object,
             started: Instant::now(),
@@ -233,14 +226,19 @@ impl Entry {
         self.reported_hung.load(Ordering::Acquire)
     }
 
-    /// A plain-data copy, taken alone.
-    pub(crate) fn snapshot(&self) -> InFlight {
-        self.snapshot_at(&Clocks::now(), &mut thread::InfoCache::default())
+    /// A plain-data copy of the entry registered as `id`, taken alone.
+    pub(crate) fn snapshot(&self, id: u64) -> InFlight {
+        self.snapshot_at(id, &Clocks::now(), &mut thread::InfoCache::default())
     }
 
     /// A plain-data copy for the monitor and the debug view, one of many taken at
     /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
-    pub(crate) fn snapshot_at(&self, clocks: &Clocks, threads: &mut thread::InfoCache) -> InFlight {
+    pub(crate) fn snapshot_at(
+        &self,
+        id: u64,
+        clocks: &Clocks,
+        threads: &mut thread::InfoCache,
+    ) -> InFlight {
         let latest = self.poll.load(Ordering::Acquire);
         let began = self.instant(latest >> 1, clocks.now);
         let poll = match began {
@@ -249,7 +247,7 @@ impl Entry {
         };
         let task_id = self.task_id.load(Ordering::Relaxed);
         InFlight {
-            id: self.id,
+            id,
             controller: Arc::clone(&self.controller.name),
             kind: Arc::clone(&self.controller.kind),
             object: self.object.clone(),

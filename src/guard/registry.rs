@@ -144,6 +144,32 @@ struct Shared {
     ended: Mutex<Vec<Ended>>,
 }
 
+/// How many busy shards a registration passes over before it waits for one.
+const BUSY_SHARDS_SKIPPED: usize = 4;
+
+impl Shared {
+    /// Inserts `slot` under a fresh id, and returns the id.
+    ///
+    /// A scan read-locks one shard at a time; a registration that lands on that shard
+    /// waits, and if the kernel has switched the scanner out meanwhile, for as long as
+    /// another thread runs in its place (a time slice, milliseconds). The id is ours to
+    /// choose, so a registration that finds its shard locked takes the next id instead,
+    /// which hashes to another shard; only after several busy shards in a row does it wait.
+    fn insert(&self, slot: Slot) -> u64 {
+        for _ in 0..BUSY_SHARDS_SKIPPED {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            // Ids are never reused, so the entry is always vacant.
+            if let Some(dashmap::Entry::Vacant(vacant)) = self.in_flight.try_entry(id) {
+                vacant.insert(slot);
+                return id;
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.insert(id, slot);
+        id
+    }
+}
+
 /// The in-flight reconciles of a process. Cheap to clone: clones share one map.
 #[derive(Clone)]
 pub struct Registry {
@@ -225,7 +251,7 @@ impl Registry {
         self.shared
             .in_flight
             .iter()
-            .map(|e| e.value().entry.snapshot_at(&clocks, &mut threads))
+            .map(|e| e.value().entry.snapshot_at(*e.key(), &clocks, &mut threads))
             .collect()
     }
 
@@ -265,7 +291,7 @@ impl Registry {
             };
             let overdue = overdue_before.is_some_and(|before| slot.started < before);
             if overdue || (in_poll && slot.entry.in_poll()) {
-                out.push(slot.entry.snapshot_at(&clocks, &mut threads));
+                out.push(slot.entry.snapshot_at(*slot.key(), &clocks, &mut threads));
             }
         }
     }
@@ -362,15 +388,14 @@ impl ControllerHandle {
     pub fn register(&self, object: ObjectKey) -> Guard {
         let controller = &self.controller;
         let shared = &controller.registry.shared;
-        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(Entry::new(id, Arc::clone(controller), object, shared.epoch));
-        let slot = Slot {
+        let entry = Arc::new(Entry::new(Arc::clone(controller), object, shared.epoch));
+        let id = shared.insert(Slot {
             started: entry.started,
             controller: Arc::as_ptr(controller) as usize,
             entry: Arc::clone(&entry),
-        };
-        shared.in_flight.insert(id, slot);
+        });
         Guard {
+            id,
             entry,
             outcome: None,
         }
@@ -391,6 +416,7 @@ impl ControllerHandle {
 /// a panic unwinding through it, or the future that owns it being dropped.
 #[must_use = "the reconcile leaves the registry as soon as the guard is dropped"]
 pub struct Guard {
+    id: u64,
     entry: Arc<Entry>,
     outcome: Option<Outcome>,
 }
@@ -398,7 +424,7 @@ pub struct Guard {
 impl std::fmt::Debug for Guard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
-            .field("id", &self.entry.id)
+            .field("id", &self.id)
             .field("controller", &self.entry.controller.name)
             .field("object", &self.entry.object)
             .finish()
@@ -409,7 +435,7 @@ impl Guard {
     /// The registry id of this reconcile.
     #[must_use]
     pub fn id(&self) -> u64 {
-        self.entry.id
+        self.id
     }
 
     /// Records how the reconcile ended; without it, a dropped guard counts as
@@ -428,7 +454,7 @@ impl Drop for Guard {
         let shared = &self.entry.controller.registry.shared;
         // Leave the map before queueing the end: the monitor takes ends before it
         // snapshots, so it never sees one reconcile both ended and in flight.
-        shared.in_flight.remove(&self.entry.id);
+        shared.in_flight.remove(&self.id);
         let outcome = || {
             self.outcome.unwrap_or(if std::thread::panicking() {
                 Outcome::Panic
@@ -447,7 +473,7 @@ impl Drop for Guard {
         }
         if self.entry.was_reported_hung() {
             let outcome = outcome();
-            let reconcile = self.entry.snapshot();
+            let reconcile = self.entry.snapshot(self.id);
             let ended = Ended {
                 elapsed: reconcile.started.elapsed(),
                 reconcile,
@@ -459,5 +485,43 @@ impl Drop for Guard {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(ended);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    #[test]
+    fn a_registration_passes_over_a_shard_being_read() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let first = handle.register(ObjectKey::cluster("a"));
+        // Read-lock the shard of `first`, as a scan does the shard it is on, and make
+        // that id the next one handed out: the registration's first choice is busy.
+        let held = registry
+            .shared
+            .in_flight
+            .get(&first.id())
+            .expect("registered");
+        registry.shared.next_id.store(first.id(), Ordering::Relaxed);
+
+        let (sent, received) = mpsc::channel();
+        let registering = std::thread::spawn(move || {
+            let second = handle.register(ObjectKey::cluster("b"));
+            sent.send(second.id()).expect("the test waits");
+            second
+        });
+        // Had it waited for the shard, it would wait for as long as `held` lives.
+        let second = received
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the registration did not wait for the read-locked shard");
+        drop(held);
+        assert_ne!(second, first.id());
+        drop(registering.join().expect("no panic"));
+        drop(first);
+        assert!(registry.is_empty());
     }
 }
