@@ -3,11 +3,10 @@
 mod support;
 
 use std::hint::black_box;
-use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use support::{FloorScan, InFlightSet, Ops, Shape, Variant, benchmarking};
+use support::{FloorScan, InFlightSet, Ops, Shape, Variant, benchmarking, run_on_threads};
 
 /// `guard_{1,2}_thread/{variant}/{shape}`: the time of one reconcile, enter to exit, on
 /// each of `threads` threads running at once against the same map.
@@ -29,40 +28,6 @@ fn guard_overhead(c: &mut Criterion) {
         group.finish();
     }
     assert!(ops.is_idle(), "every reconcile left its map");
-}
-
-/// Runs `iters` reconciles on each of `threads` threads started together; the slowest
-/// thread's time is the sample, so contention shows as a longer time per reconcile.
-fn run_on_threads(
-    ops: &Ops,
-    threads: usize,
-    iters: u64,
-    variant: Variant,
-    shape: Shape,
-) -> Duration {
-    let start_together = Barrier::new(threads);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let _runtime = ops.enter();
-                    // One unmeasured run: a new thread's first guarded poll records its name.
-                    ops.run(variant, shape);
-                    start_together.wait();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        ops.run(black_box(variant), black_box(shape));
-                    }
-                    start.elapsed()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().expect("a bench thread panicked"))
-            .max()
-            .unwrap_or_default()
-    })
 }
 
 /// `scan/{len}`: one monitor scan (snapshot and verdict) with `len` reconciles in

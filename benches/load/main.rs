@@ -10,6 +10,7 @@ mod http;
 mod insert_latency;
 mod instructions;
 mod memory;
+mod overhead;
 mod probe_load;
 mod report;
 #[path = "../support/mod.rs"]
@@ -31,6 +32,9 @@ struct Plan {
     in_flight: usize,
     /// Reconciles per callgrind run; `None` leaves callgrind out (the quick test run).
     instruction_ops: Option<u64>,
+    /// Rounds of alternating turns for the guard overhead, and reconciles per turn.
+    overhead_rounds: usize,
+    overhead_ops: u64,
 }
 
 impl Plan {
@@ -51,6 +55,8 @@ impl Plan {
             completed: 1_000_000,
             in_flight: 100_000,
             instruction_ops: Some(50_000),
+            overhead_rounds: 31,
+            overhead_ops: 100_000,
         }
     }
 
@@ -71,6 +77,8 @@ impl Plan {
             completed: 10_000,
             in_flight: 10_000,
             instruction_ops: None,
+            overhead_rounds: 1,
+            overhead_ops: 1_000,
         }
     }
 }
@@ -94,6 +102,11 @@ fn main() {
         plan.completed, plan.in_flight
     );
     let memory = memory::run(plan.completed, plan.in_flight);
+    eprintln!(
+        "guard overhead: {} rounds of alternating turns",
+        plan.overhead_rounds
+    );
+    let overhead = overhead::run(plan.overhead_rounds, plan.overhead_ops);
     let instructions = plan.instruction_ops.map(|n| {
         eprintln!(
             "instructions: callgrind, {n} and {} reconciles per run",
@@ -126,6 +139,7 @@ fn main() {
     let table = report::Figures {
         full,
         memory,
+        overhead,
         instructions,
         scan_instructions,
         insert,

@@ -1,9 +1,10 @@
 //! Workloads shared by the criterion benches and the load program: one reconcile done four ways, and a registry with many reconciles in flight.
 
 use std::future::Future;
+use std::hint::black_box;
 use std::pin::{Pin, pin};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -346,4 +347,48 @@ impl InFlightSet {
 pub fn benchmarking() -> bool {
     let args: Vec<String> = std::env::args().collect();
     args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test")
+}
+
+/// Runs `iters` reconciles on each of `threads` threads started together, each pinned
+/// to a core of its own; the slowest thread's time is the sample, so contention shows
+/// as a longer time per reconcile, and two threads never share one core.
+pub fn run_on_threads(
+    ops: &Ops,
+    threads: usize,
+    iters: u64,
+    variant: Variant,
+    shape: Shape,
+) -> Duration {
+    let start_together = Barrier::new(threads);
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    assert!(
+        cores.len() >= threads,
+        "{threads} threads need as many cores; this machine offers {}",
+        cores.len()
+    );
+    std::thread::scope(|s| {
+        let workers: Vec<_> = cores[..threads]
+            .iter()
+            .map(|&core| {
+                let start_together = &start_together;
+                s.spawn(move || {
+                    assert!(core_affinity::set_for_current(core), "pinning to {core:?}");
+                    let _runtime = ops.enter();
+                    // One unmeasured run: a new thread's first guarded poll records its name.
+                    ops.run(variant, shape);
+                    start_together.wait();
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        ops.run(black_box(variant), black_box(shape));
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a bench thread panicked"))
+            .max()
+            .unwrap_or_default()
+    })
 }
