@@ -92,6 +92,18 @@ fn main() {
         instructions::count(&args[1..]);
         return;
     }
+    if args.first().map(String::as_str) == Some("overhead") {
+        // `overhead ROUNDS OPS`: the alternating-turns measurement alone, for profiling.
+        let [rounds, ops] = &args[1..] else {
+            panic!("usage: overhead ROUNDS OPS_PER_TURN");
+        };
+        let rounds = rounds.parse().expect("a round count");
+        let ops = ops.parse().expect("an op count");
+        for o in overhead::run(rounds, ops) {
+            println!("{}", o.summary());
+        }
+        return;
+    }
     let full = support::benchmarking();
     let plan = if full { Plan::full() } else { Plan::quick() };
     let load_before = report::load_average();

@@ -29,6 +29,19 @@ impl Overhead {
         ratios
     }
 
+    /// One line: threads, shape, the median times and the median ratio.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} thread(s) {}: guarded {:.1} ns, floor {:.1} ns, timeout {:.1} ns; {:.2} x floor",
+            self.threads,
+            self.shape.name(),
+            self.median(Variant::Guarded),
+            self.median(Variant::Floor),
+            self.median(Variant::Timeout),
+            median(&self.ratios_to_floor())
+        )
+    }
+
     /// The median of a variant's rounds.
     pub fn median(&self, variant: Variant) -> f64 {
         let mut v = self.rounds[&variant].clone();
