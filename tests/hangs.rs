@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use reconcile_watchdog::guard::{self, ObjectKey};
+use reconcile_watchdog::guard::{self, Guarded, ObjectKey};
 use reconcile_watchdog::monitor::{Config, HangPolicy, RuntimeHeartbeat};
 use rig::{
-    DEADLINE, INTERVAL, Rig, assert_stack_shows, dump, eventually, report_of, reports, reports_of,
-    runtime,
+    DEADLINE, INTERVAL, Report, Rig, assert_stack_shows, dump, eventually, report_of, reports,
+    reports_of, runtime,
 };
 use tracing::Level;
 
@@ -22,12 +22,39 @@ fn object(name: &str) -> ObjectKey {
     ObjectKey::namespaced("test", name)
 }
 
-/// The reports about `controller` that announce a new hang (ERROR, once per hang).
+/// `reconcile` of `object(name)` under a guard of `controller`.
+fn guarded<F, T, E>(rig: &Rig, controller: &str, name: &str, reconcile: F) -> Guarded<F>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    rig.registry
+        .controller(controller, "ConfigMap")
+        .guard(object(name), reconcile)
+}
+
+/// Whether `r` announces a new hang (ERROR, once per hang).
+fn is_hang_report(r: &Report) -> bool {
+    r.is(Level::ERROR, "reconcile hung:")
+}
+
+/// The reports about `controller` that announce a new hang.
 fn hung_reports(controller: &str) -> usize {
     reports_of(controller)
         .iter()
-        .filter(|r| r.is(Level::ERROR, "reconcile hung:"))
+        .filter(|r| is_hang_report(r))
         .count()
+}
+
+/// The first hang report about `controller`, once it is written.
+fn hang_report(controller: &str) -> Report {
+    report_of(controller, "the hang report", is_hang_report)
+}
+
+/// The report that a hung reconcile of `controller` ended, once it is written.
+fn end_report(controller: &str) -> Report {
+    report_of(controller, "the end report", |r| {
+        r.message.starts_with("reconcile ended")
+    })
 }
 
 #[inline(never)]
@@ -62,15 +89,14 @@ fn a_future_pending_forever_is_awaiting_and_fails_liveness_under_restart() {
     const C: &str = "pending-forever";
     let rig = Rig::new(HangPolicy::Restart);
     let rt = runtime(2);
-    let task = rt.spawn(
-        rig.registry
-            .controller(C, "ConfigMap")
-            .guard(object("a"), std::future::pending::<Result<(), ()>>()),
-    );
+    let task = rt.spawn(guarded(
+        &rig,
+        C,
+        "a",
+        std::future::pending::<Result<(), ()>>(),
+    ));
 
-    let hung = report_of(C, "the hang report", |r| {
-        r.is(Level::ERROR, "reconcile hung:")
-    });
+    let hung = hang_report(C);
     assert_eq!(hung.field("state"), Some("awaiting"), "{}", dump(C));
     assert_eq!(hung.field("object"), Some("test/a"));
     assert_eq!(hung.field("action"), Some("failing liveness (restart)"));
@@ -89,9 +115,7 @@ fn a_future_pending_forever_is_awaiting_and_fails_liveness_under_restart() {
     assert_eq!(hung_reports(C), 1, "{}", dump(C));
 
     task.abort();
-    let ended = report_of(C, "the end report", |r| {
-        r.message.starts_with("reconcile ended")
-    });
+    let ended = end_report(C);
     assert_eq!(ended.field("outcome"), Some("dropped"));
     rig.wait_clean();
 }
@@ -110,11 +134,7 @@ fn a_tokio_mutex_never_released_is_cancelled_within_an_interval_and_liveness_sta
             Ok::<_, String>("reconciled")
         }
     };
-    let task = rt.spawn(
-        rig.registry
-            .controller(C, "ConfigMap")
-            .guard(object("b"), reconcile),
-    );
+    let task = rt.spawn(guarded(&rig, C, "b", reconcile));
 
     // Liveness is sampled all along: the cancel must land before escalation would.
     let mut liveness_failures = Vec::new();
@@ -134,17 +154,13 @@ fn a_tokio_mutex_never_released_is_cancelled_within_an_interval_and_liveness_sta
         "liveness failed: {liveness_failures:?}"
     );
 
-    let hung = report_of(C, "the hang report", |r| {
-        r.is(Level::ERROR, "reconcile hung:")
-    });
+    let hung = hang_report(C);
     assert_eq!(hung.field("state"), Some("awaiting"));
     assert_eq!(
         hung.field("action"),
         Some("cancel requested; the controller will requeue it")
     );
-    let ended = report_of(C, "the end report", |r| {
-        r.message.starts_with("reconcile ended")
-    });
+    let ended = end_report(C);
     assert_eq!(ended.field("outcome"), Some("cancelled"));
     assert_eq!(hung_reports(C), 1, "{}", dump(C));
     assert!(
@@ -190,19 +206,13 @@ fn a_std_mutex_deadlock_is_in_poll_shows_its_stack_and_escalates_under_cancel() 
     both_locked.wait();
     let task = {
         let (a, b) = (Arc::clone(&a), Arc::clone(&b));
-        rt.spawn(
-            rig.registry
-                .controller(C, "ConfigMap")
-                .guard(object("c"), async move {
-                    lock_b_while_holding_a(&a, &b);
-                    Ok::<_, String>(())
-                }),
-        )
+        rt.spawn(guarded(&rig, C, "c", async move {
+            lock_b_while_holding_a(&a, &b);
+            Ok::<_, String>(())
+        }))
     };
 
-    let hung = report_of(C, "the hang report", |r| {
-        r.is(Level::ERROR, "reconcile hung:")
-    });
+    let hung = hang_report(C);
     assert_eq!(hung.field("state"), Some("in-poll"), "{}", dump(C));
     assert!(
         hung.field("action").unwrap().contains("cannot see it"),
@@ -239,9 +249,7 @@ fn a_std_mutex_deadlock_is_in_poll_shows_its_stack_and_escalates_under_cancel() 
     other.join().unwrap();
     // The poll that was stuck finishes the reconcile: it returns its own result.
     assert!(matches!(rt.block_on(task).unwrap(), Ok(Ok(()))));
-    let ended = report_of(C, "the end report", |r| {
-        r.message.starts_with("reconcile ended")
-    });
+    let ended = end_report(C);
     assert_eq!(ended.field("outcome"), Some("ok"));
     rig.wait_clean();
 }
@@ -254,14 +262,10 @@ fn a_long_blocking_sleep_is_in_poll_with_its_stack_and_fails_liveness_until_it_e
     let woken = Arc::new(AtomicBool::new(false));
     let task = {
         let woken = Arc::clone(&woken);
-        rt.spawn(
-            rig.registry
-                .controller(C, "ConfigMap")
-                .guard(object("d"), async move {
-                    sleep_through_the_deadline(&woken);
-                    Ok::<_, String>(())
-                }),
-        )
+        rt.spawn(guarded(&rig, C, "d", async move {
+            sleep_through_the_deadline(&woken);
+            Ok::<_, String>(())
+        }))
     };
 
     let failure = eventually("reconcilers to fail", || rig.check("reconcilers").err());
@@ -269,9 +273,7 @@ fn a_long_blocking_sleep_is_in_poll_with_its_stack_and_fails_liveness_until_it_e
         failure.contains("test/d") && failure.contains("in-poll"),
         "{failure}"
     );
-    let hung = report_of(C, "the hang report", |r| {
-        r.is(Level::ERROR, "reconcile hung:")
-    });
+    let hung = hang_report(C);
     assert_eq!(hung.field("state"), Some("in-poll"), "{}", dump(C));
     assert_stack_shows(
         hung.field("stack"),
@@ -286,9 +288,7 @@ fn a_long_blocking_sleep_is_in_poll_with_its_stack_and_fails_liveness_until_it_e
 
     woken.store(true, Ordering::SeqCst);
     assert!(matches!(rt.block_on(task).unwrap(), Ok(Ok(()))));
-    let ended = report_of(C, "the end report", |r| {
-        r.message.starts_with("reconcile ended")
-    });
+    let ended = end_report(C);
     assert_eq!(ended.field("outcome"), Some("ok"));
     assert_eq!(hung_reports(C), 1, "{}", dump(C));
     rig.wait_clean();
@@ -302,14 +302,10 @@ fn a_busy_loop_is_in_poll_running_and_only_reported_under_report() {
     let stop = Arc::new(AtomicBool::new(false));
     let task = {
         let stop = Arc::clone(&stop);
-        rt.spawn(
-            rig.registry
-                .controller(C, "ConfigMap")
-                .guard(object("e"), async move {
-                    spin_without_yielding(&stop);
-                    Ok::<_, String>(())
-                }),
-        )
+        rt.spawn(guarded(&rig, C, "e", async move {
+            spin_without_yielding(&stop);
+            Ok::<_, String>(())
+        }))
     };
 
     let mut liveness_failures = Vec::new();
@@ -317,9 +313,7 @@ fn a_busy_loop_is_in_poll_running_and_only_reported_under_report() {
         if let Err(e) = rig.check("reconcilers") {
             liveness_failures.push(e);
         }
-        reports_of(C)
-            .into_iter()
-            .find(|r| r.is(Level::ERROR, "reconcile hung:"))
+        reports_of(C).into_iter().find(is_hang_report)
     });
     assert_eq!(hung.field("state"), Some("in-poll"), "{}", dump(C));
     assert_eq!(hung.field("action"), Some("reported only"));

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use reconcile_watchdog::guard::ObjectKey;
 
+use crate::memory::status_field;
 use crate::support::InFlightSet;
 
 /// Registrations timed one by one, split by what the thread's context switches say
@@ -69,15 +70,12 @@ impl Switches {
     fn count(&mut self) -> (u64, u64) {
         let n = self.status.read_at(&mut self.buf, 0).expect("read status");
         let text = std::str::from_utf8(&self.buf[..n]).expect("status is text");
-        let field = |name: &str| -> u64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{name} in /proc/thread-self/status"))
+        let field = |name: &str| {
+            status_field(text, name).unwrap_or_else(|| panic!("{name} in /proc/thread-self/status"))
         };
         (
-            field("voluntary_ctxt_switches:"),
-            field("nonvoluntary_ctxt_switches:"),
+            field("voluntary_ctxt_switches"),
+            field("nonvoluntary_ctxt_switches"),
         )
     }
 }

@@ -32,12 +32,16 @@ pub struct Memory {
 /// Resident set size of this process, from `/proc/self/status` (`VmRSS`, in kB).
 pub fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status");
+    let kb = status_field(&status, "VmRSS").expect("VmRSS in /proc/self/status");
     kb * 1024
+}
+
+/// The number in field `name` of a `/proc/.../status` text (without its `kB` unit).
+pub fn status_field(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// First the leak check: `completed` guarded reconciles on a two-worker runtime,

@@ -114,13 +114,12 @@ pub fn drive<F: Future>(future: F) -> F::Output {
 }
 
 /// What the floor's entries share per controller, as the registry's entries share one
-/// `guard::registry::Controller` (name, kind, deadline and the map's owner).
+/// `guard::registry::Controller`; only its deadline is read (by the floor's scan).
 #[allow(dead_code)] // Only cloned into entries.
 pub struct FloorController {
     name: Arc<str>,
     kind: Arc<str>,
     deadline: Duration,
-    map: Arc<()>,
 }
 
 /// The floor's entry: the same fields as the guard's registry entry (`guard::entry::Entry`,
@@ -219,7 +218,6 @@ impl Ops {
                 name: "bench".into(),
                 kind: "ConfigMap".into(),
                 deadline: DEADLINE,
-                map: Arc::new(()),
             }),
             object: ObjectKey::namespaced("default", "bench-object"),
             floor: DashMap::with_hasher_and_shard_amount(BuildIdHasher::default(), REGISTRY_SHARDS),

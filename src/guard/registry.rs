@@ -75,9 +75,9 @@ pub trait Observer: Send + Sync + 'static {
     fn finished(&self, controller: &str, kind: &str, outcome: Outcome, elapsed: Duration);
 }
 
-/// Shards of the in-flight map. A snapshot holds one shard's read lock while it copies
-/// that shard, so a reconcile that starts meanwhile waits for at most one shard's copy:
-/// with 256 shards, 1/256 of a scan (DashMap's default on a 2-core machine is 8).
+/// Shards of the in-flight map. A scan read-locks one shard at a time, which a
+/// registration passes over (see `Shared::insert`) and a guard's removal waits for: with
+/// 256 shards, 1/256 of a scan (DashMap's default on a 2-core machine is 8).
 /// Registration costs the same with any count; the spare shards cost 32 KiB.
 const SHARDS: usize = 256;
 
@@ -261,7 +261,8 @@ impl Registry {
     }
 
     /// A copy of every in-flight reconcile. Holds each shard's read lock only while
-    /// copying it, so reconciles that start meanwhile wait at most one shard's copy.
+    /// copying it: reconciles that start meanwhile take another shard, and those that
+    /// end wait for at most one shard's copy.
     #[must_use]
     pub fn snapshot(&self) -> Vec<InFlight> {
         let clocks = Clocks::now();

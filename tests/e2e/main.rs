@@ -258,19 +258,26 @@ fn sigterm_fails_readiness_at_once_drains_and_exits_zero() {
     );
 }
 
-#[test]
-fn sigterm_names_what_outlives_the_grace_and_fails() {
-    let cluster = Cluster::start("sigterm_grace");
+/// An operator with shutdown grace `grace` and one reconcile hung for good, seen in
+/// flight; the hung object's name.
+fn operator_with_a_stuck_reconcile(test: &str, grace: &str) -> (Cluster, Operator, String) {
+    let cluster = Cluster::start(test);
     cluster.create("stuck", Some("hang"));
-    let mut operator = Operator::start(
+    let operator = Operator::start(
         &cluster,
         RELAXED,
-        &["--enable-fault-injection", "--shutdown-grace", "1s"],
+        &["--enable-fault-injection", "--shutdown-grace", grace],
     );
     let stuck = object(&cluster, "stuck");
     assert!(eventually(SETTLE, || !operator
         .in_flight(&stuck)
         .is_empty()));
+    (cluster, operator, stuck)
+}
+
+#[test]
+fn sigterm_names_what_outlives_the_grace_and_fails() {
+    let (_cluster, mut operator, stuck) = operator_with_a_stuck_reconcile("sigterm_grace", "1s");
     operator.signal("TERM");
     let status = operator
         .wait_exit(Duration::from_secs(20))
@@ -321,17 +328,7 @@ fn emulator_api_server_absent_at_start_then_ready_once_it_appears() {
 
 #[test]
 fn second_sigterm_exits_at_once() {
-    let cluster = Cluster::start("second_signal");
-    cluster.create("stuck", Some("hang"));
-    let mut operator = Operator::start(
-        &cluster,
-        RELAXED,
-        &["--enable-fault-injection", "--shutdown-grace", "10m"],
-    );
-    let stuck = object(&cluster, "stuck");
-    assert!(eventually(SETTLE, || !operator
-        .in_flight(&stuck)
-        .is_empty()));
+    let (_cluster, mut operator, stuck) = operator_with_a_stuck_reconcile("second_signal", "10m");
     operator.signal("TERM");
     assert!(
         eventually(SETTLE, || operator.status("/readyz") == 500),
