@@ -123,6 +123,7 @@ struct ControllerSeries {
     overdue: Gauge,
     hangs_awaiting: Counter,
     hangs_in_poll: Counter,
+    hangs_starved: Counter,
     cancellations: Counter,
     escalations: Counter,
 }
@@ -151,6 +152,7 @@ impl ControllerSeries {
             overdue: families.overdue.get_or_create_owned(&labels),
             hangs_awaiting: hangs(HangState::Awaiting),
             hangs_in_poll: hangs(HangState::InPoll),
+            hangs_starved: hangs(HangState::Starved),
             cancellations: families.cancellations.get_or_create_owned(&labels),
             escalations: families.escalations.get_or_create_owned(&labels),
         }
@@ -160,6 +162,7 @@ impl ControllerSeries {
         match state {
             HangState::Awaiting => &self.hangs_awaiting,
             HangState::InPoll => &self.hangs_in_poll,
+            HangState::Starved => &self.hangs_starved,
         }
     }
 }
@@ -211,7 +214,7 @@ impl Metrics {
         );
         registry.register(
             "hangs",
-            "Reconciles newly found past their deadline, by controller and state (awaiting, in-poll)",
+            "Reconciles newly found past their deadline, by controller and state (awaiting, in-poll, starved)",
             families.hangs.clone(),
         );
         registry.register(
@@ -340,24 +343,32 @@ impl monitor::Observer for Metrics {
             }
         }
 
+        // Every new hang, whether or not its report fitted the report budget.
+        for (controller, state) in &scan.decision.newly_hung {
+            self.with_series(controller, |s| {
+                s.hangs(*state).inc();
+            });
+        }
         for event in &scan.decision.events {
-            match event {
-                Event::Hung {
-                    reconcile, state, ..
-                } => self.with_series(&reconcile.controller, |s| {
-                    s.hangs(*state).inc();
-                }),
-                Event::Escalated { controller, .. } => self.with_series(controller, |s| {
+            if let Event::Escalated { controller, .. } = event {
+                self.with_series(controller, |s| {
                     s.escalations.inc();
-                }),
-                _ => {}
+                });
             }
         }
-        for id in &scan.decision.cancel {
-            if let Some(reconcile) = scan.attention.iter().find(|r| r.id == *id) {
-                self.with_series(&reconcile.controller, |s| {
-                    s.cancellations.inc();
-                });
+        if !scan.decision.cancel.is_empty() {
+            // By id, so that a mass cancellation stays linear.
+            let controllers: HashMap<u64, &Arc<str>> = scan
+                .attention
+                .iter()
+                .map(|r| (r.id, &r.controller))
+                .collect();
+            for id in &scan.decision.cancel {
+                if let Some(controller) = controllers.get(id) {
+                    self.with_series(controller, |s| {
+                        s.cancellations.inc();
+                    });
+                }
             }
         }
     }

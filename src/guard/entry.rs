@@ -101,6 +101,12 @@ pub enum PollState {
         /// When the current poll began.
         since: Instant,
     },
+    /// Not being polled, but woken since its latest poll began: its executor has not
+    /// polled it again (a blocked worker, a stalled runtime).
+    Woken {
+        /// When it was woken first since its latest poll began.
+        since: Instant,
+    },
 }
 
 /// The stamp of a poll dated by the reconcile's start: the epoch, which `Entry::instant`
@@ -126,6 +132,9 @@ pub(crate) struct Entry {
     /// The tokio task of the first poll: a pinned future stays in the task that polls it.
     task_id: AtomicU64,
     cancel_requested: AtomicBool,
+    /// When the reconcile was first woken since its latest poll began, stamped as
+    /// `poll` is (0: not since). Set by the waker the guard hands the reconcile.
+    woken: AtomicU64,
     /// Set by the monitor once it has reported this entry as hung, so that its end is
     /// reported too.
     reported_hung: AtomicBool,
@@ -144,6 +153,7 @@ impl Entry {
             thread: AtomicU64::new(0),
             task_id: AtomicU64::new(0),
             cancel_requested: AtomicBool::new(false),
+            woken: AtomicU64::new(0),
             reported_hung: AtomicBool::new(false),
             waker: AtomicWaker::new(),
         }
@@ -188,11 +198,15 @@ impl Entry {
             self.stamp_now()
         };
         self.poll.store(began << 1 | 1, Ordering::Release);
+        // Woken before this poll began: this poll is what the wake asked for.
+        self.woken.store(0, Ordering::Relaxed);
         self.polls.store(polls + 1, Ordering::Relaxed);
         self.thread.store(thread::current_slot(), Ordering::Relaxed);
     }
 
-    /// Remembers the waker of a reconcile that now waits, so a cancel request can wake it.
+    /// Remembers the waker of the task that polls the reconcile, so that a wake of the
+    /// guard's own waker (see [`Wake`](std::task::Wake) below) and a cancel request
+    /// reach it.
     pub(crate) fn register_waker(&self, waker: &std::task::Waker) {
         self.waker.register(waker);
     }
@@ -243,7 +257,10 @@ impl Entry {
         let began = self.instant(latest >> 1, clocks.now);
         let poll = match began {
             Some(since) if latest & 1 == 1 => PollState::InPoll { since },
-            _ => PollState::Awaiting,
+            _ => match self.instant(self.woken.load(Ordering::Acquire), clocks.now) {
+                Some(since) => PollState::Woken { since },
+                None => PollState::Awaiting,
+            },
         };
         let task_id = self.task_id.load(Ordering::Relaxed);
         InFlight {
@@ -266,6 +283,28 @@ impl Entry {
             task_id: (task_id != 0).then_some(task_id),
             cancel_requested: self.cancel_requested(),
         }
+    }
+}
+
+/// The guard's waker: the reconcile is polled with it, so a wake is dated (once per
+/// poll, on the waking side) before it is passed on to the task's own waker. A
+/// reconcile woken but not polled since is a victim of whatever keeps its executor
+/// from polling it, not an await that never woke.
+impl std::task::Wake for Entry {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.woken.load(Ordering::Relaxed) == 0 {
+            let _ = self.woken.compare_exchange(
+                0,
+                self.stamp_now(),
+                Ordering::Release,
+                Ordering::Relaxed,
+            );
+        }
+        self.waker.wake();
     }
 }
 

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
@@ -42,6 +42,8 @@ pin_project! {
         #[pin]
         reconcile: Option<F>,
         guard: Option<Guard>,
+        // The guard's waker, which dates wakes: made once, handed to every poll.
+        waker: Waker,
     }
 }
 
@@ -49,6 +51,7 @@ impl<F> Guarded<F> {
     /// Runs `reconcile` under `guard`.
     pub fn new(guard: Guard, reconcile: F) -> Self {
         Self {
+            waker: guard.waker(),
             reconcile: Some(reconcile),
             guard: Some(guard),
         }
@@ -77,16 +80,18 @@ where
             unreachable!("the reconcile is only taken together with the guard");
         };
 
+        // The task's waker is known before the poll, so that a wake during it (or a
+        // cancel request) reaches the task through the guard's waker.
+        entry.register_waker(cx.waker());
         entry.poll_begins();
-        let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(cx)));
+        let mut dated = Context::from_waker(this.waker);
+        let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
         entry.poll_ends();
 
         match polled {
             Ok(Poll::Pending) => {
-                // Only a reconcile that waits needs its waker known. Check the flag again
-                // after registering: a cancel request that came meanwhile may have found
-                // no waker to wake.
-                entry.register_waker(cx.waker());
+                // A cancel request that came after the flag was read is seen here, or
+                // its wake reached the task.
                 if entry.cancel_requested() {
                     cx.waker().wake_by_ref();
                 }

@@ -466,6 +466,11 @@ impl Guard {
     pub(crate) fn entry(&self) -> &Entry {
         &self.entry
     }
+
+    /// The waker that dates the reconcile's wakes (see `Entry`'s `Wake`).
+    pub(crate) fn waker(&self) -> std::task::Waker {
+        std::task::Waker::from(Arc::clone(&self.entry))
+    }
 }
 
 impl Drop for Guard {

@@ -5,8 +5,10 @@
 //! The decision itself lives in [`verdict`]; [`report`] writes it to the log; this
 //! module drives the two and holds the state the health checks read.
 
+pub mod api_server;
 pub mod inspect;
 pub mod report;
+pub mod summary;
 pub mod verdict;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,9 +19,10 @@ use std::time::{Duration, Instant};
 use crate::guard::{InFlight, Registry};
 use crate::health::{Check, Health};
 
+pub use api_server::ApiServerStatus;
 pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
-pub use verdict::{Config, Decision, HangPolicy, HangState, Overdue, Verdict};
+pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Verdict};
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +232,29 @@ impl Monitor {
         runtime: Option<RuntimeHeartbeat>,
         observer: Option<Arc<dyn Observer>>,
     ) -> Result<Self, Error> {
+        Self::spawn_watching_api_server(
+            registry,
+            health,
+            config,
+            diagnostics,
+            runtime,
+            None,
+            observer,
+        )
+    }
+
+    /// Like [`spawn_with_diagnostics`](Self::spawn_with_diagnostics), and overdue
+    /// reconciles that await while `api_server` says the API server does not answer
+    /// hold liveness instead of failing it (a restart cannot help then).
+    pub fn spawn_watching_api_server(
+        registry: Registry,
+        health: &Health,
+        config: Config,
+        diagnostics: Diagnostics,
+        runtime: Option<RuntimeHeartbeat>,
+        api_server: Option<Arc<ApiServerStatus>>,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> Result<Self, Error> {
         if config.interval.is_zero() {
             return Err(Error::ZeroInterval);
         }
@@ -271,9 +297,12 @@ impl Monitor {
                         &status,
                         &stop,
                         Verdict::new(config),
-                        &diagnostics,
-                        runtime.as_ref(),
-                        observer.as_deref(),
+                        &Sources {
+                            diagnostics: &diagnostics,
+                            runtime: runtime.as_ref(),
+                            api_server: api_server.as_deref(),
+                            observer: observer.as_deref(),
+                        },
                     )
                 })
                 .map_err(Error::Spawn)?
@@ -320,15 +349,27 @@ impl Drop for AliveFlag<'_> {
     }
 }
 
+/// What the monitor thread reads besides the registry, and whom it tells.
+struct Sources<'a> {
+    diagnostics: &'a Diagnostics,
+    runtime: Option<&'a RuntimeHeartbeat>,
+    api_server: Option<&'a ApiServerStatus>,
+    observer: Option<&'a dyn Observer>,
+}
+
 fn run(
     registry: &Registry,
     status: &Status,
     stop: &AtomicBool,
     mut verdict: Verdict,
-    diagnostics: &Diagnostics,
-    runtime: Option<&RuntimeHeartbeat>,
-    observer: Option<&dyn Observer>,
+    sources: &Sources<'_>,
 ) {
+    let Sources {
+        diagnostics,
+        runtime,
+        api_server,
+        observer,
+    } = *sources;
     let _alive = AliveFlag(&status.alive);
     let interval = verdict.config().interval;
     let mut snapshot = Vec::new();
@@ -348,7 +389,20 @@ fn run(
         let stalled =
             heartbeat_age.is_some_and(|age| age > verdict.config().runtime_stall_threshold);
         registry.scan_into(now, stalled, &mut snapshot, &mut counts);
+        if let Some(api_server) = api_server {
+            verdict.observe_api_server(api_server.state());
+        }
         let decision = verdict.step(&snapshot, ended, heartbeat_age, now);
+        if let Some(api_server) = api_server
+            && decision
+                .newly_hung
+                .iter()
+                .any(|(_, state)| *state == HangState::Awaiting)
+        {
+            // New awaits that never woke: is it the API server? Ask now, not at the
+            // checker's next turn.
+            api_server.ask();
+        }
 
         // Mark before reporting: a reconcile that ends from here on is reported ended.
         for id in &decision.mark_hung {

@@ -6,10 +6,11 @@
 
 use std::time::{Instant, SystemTime};
 
-use crate::guard::InFlight;
+use crate::guard::{InFlight, PollState};
 
 use super::inspect::StuckThread;
-use super::verdict::{Event, HangState, fmt_duration};
+use super::summary::{NAMED, name_few};
+use super::verdict::{Event, HangState, Summary, SummaryKind, fmt_duration};
 
 /// The log target of every hang report.
 pub const TARGET: &str = "reconcile_watchdog::hang";
@@ -68,10 +69,17 @@ fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-fn explain(state: HangState) -> &'static str {
-    match state {
-        HangState::Awaiting => "waiting on an await that never woke",
-        HangState::InPoll => "stuck inside a poll (a blocking call, a lock or a busy loop)",
+fn explain(r: &InFlight, state: HangState, now: Instant) -> String {
+    match (state, r.poll) {
+        (HangState::Awaiting, _) => "waiting on an await that never woke".into(),
+        (HangState::InPoll, _) => {
+            "stuck inside a poll (a blocking call, a lock or a busy loop)".into()
+        }
+        (HangState::Starved, PollState::Woken { since }) => format!(
+            "starved: woken {} ago but not polled since (its worker is blocked or the runtime stalled)",
+            fmt_duration(now.saturating_duration_since(since))
+        ),
+        (HangState::Starved, _) => "starved: waiting while the async runtime is stalled".into(),
     }
 }
 
@@ -147,7 +155,7 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
                 f.object,
                 f.elapsed,
                 f.deadline,
-                explain(*state)
+                explain(reconcile, *state, now)
             );
             reconcile_event!(error, f, state, action, "{msg}");
         }
@@ -163,7 +171,7 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
                 f.controller,
                 f.object,
                 f.elapsed,
-                explain(*state)
+                explain(reconcile, *state, now)
             );
             reconcile_event!(warn, f, state, action, "{msg}");
         }
@@ -204,17 +212,20 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
             );
         }
         Event::RuntimeStalled { age, in_poll } => {
-            let culprits = in_poll
-                .iter()
-                .map(|r| {
+            let culprits = name_few(
+                in_poll,
+                NAMED,
+                "; ",
+                |r| r.last_poll_ago(now),
+                |r| {
                     let f = Fields::of(r, now);
                     format!(
                         "{} {} in a poll for {} on {}",
                         f.controller, f.object, f.last_poll_ago, f.thread
                     )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
+                },
+                |r| format!("{} in-poll", r.controller),
+            );
             let sample = runtime.unwrap_or_default();
             tracing::error!(
                 target: TARGET,
@@ -230,6 +241,55 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
                 if culprits.is_empty() { "none" } else { &culprits }
             );
         }
+        Event::StallVictims { count, listed, .. } => {
+            tracing::error!(
+                target: TARGET,
+                state = %HangState::Starved,
+                count = count,
+                starved = %listed,
+                "async runtime stalled: {count} reconciles past their deadline are its victims (woken or waiting, not polled): {listed}"
+            );
+        }
+        Event::Summary(summary) => emit_summary(summary),
+        Event::ApiServerSilent {
+            silent_for,
+            why,
+            held,
+            reminder,
+        } => {
+            let silent = fmt_duration(*silent_for);
+            if *reminder {
+                tracing::warn!(
+                    target: TARGET,
+                    silent_for = %silent,
+                    reason = %why,
+                    held = held,
+                    action = "not restarting",
+                    "the API server still does not answer ({why}, for {silent}): not restarting for the {held} overdue reconciles that await it"
+                );
+            } else {
+                tracing::error!(
+                    target: TARGET,
+                    silent_for = %silent,
+                    reason = %why,
+                    held = held,
+                    action = "not restarting",
+                    "the API server does not answer ({why}, for {silent}): not restarting; {held} overdue reconciles await it, and a restart cannot help"
+                );
+            }
+        }
+        Event::ApiServerAnswers {
+            silent_for,
+            still_stuck,
+        } => {
+            tracing::info!(
+                target: TARGET,
+                silent_for = %fmt_duration(*silent_for),
+                still_stuck = still_stuck,
+                "the API server answers again after {}; {still_stuck} overdue reconciles still stuck on their old requests now fail liveness",
+                fmt_duration(*silent_for)
+            );
+        }
         Event::RuntimeRecovered { stalled_for } => {
             tracing::info!(
                 target: TARGET,
@@ -238,5 +298,33 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
                 fmt_duration(*stalled_for)
             );
         }
+    }
+}
+
+/// One summary of per-reconcile lines over the report budget, at their kind's level.
+fn emit_summary(summary: &Summary) {
+    const WHERE: &str = "every one is counted in the metrics and listed on /debug/reconciles";
+    let Summary {
+        count, by_group, ..
+    } = summary;
+    match summary.kind {
+        SummaryKind::Hung => tracing::error!(
+            target: TARGET,
+            count = count,
+            by_group = %by_group,
+            "{count} more reconciles hung, beyond the report budget: {by_group}; {WHERE}"
+        ),
+        SummaryKind::StillHung => tracing::warn!(
+            target: TARGET,
+            count = count,
+            by_group = %by_group,
+            "{count} more reminders of reconciles still hung, beyond the report budget: {by_group}; {WHERE}"
+        ),
+        SummaryKind::Ended => tracing::info!(
+            target: TARGET,
+            count = count,
+            by_group = %by_group,
+            "{count} more hung reconciles ended, beyond the report budget: {by_group}"
+        ),
     }
 }

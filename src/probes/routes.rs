@@ -166,6 +166,7 @@ impl DebugReconcile {
             state: match r.poll {
                 PollState::Awaiting => "awaiting",
                 PollState::InPoll { .. } => "in-poll",
+                PollState::Woken { .. } => "woken",
             },
             polls: r.polls,
             last_poll_ago_seconds: r.last_poll_ago(now).map(|d| d.as_secs_f64()),

@@ -1,17 +1,28 @@
 //! The watchdog's decision: a pure function of (snapshot, now, config) plus the memory
 //! of what has already been reported.
 //!
-//! Read this file top to bottom to know when the watchdog reports, cancels, escalates
-//! and fails liveness. The monitor thread only drives it: it takes a snapshot of the
-//! registry, calls [`Verdict::step`], and carries out the [`Decision`]. Tests drive it
-//! the same way with an injected clock.
+//! Read this file top to bottom to know when the watchdog reports, cancels, escalates,
+//! holds back for an API outage and fails liveness. The monitor thread only drives it:
+//! it takes a snapshot of the registry, tells it whether the API server answers
+//! ([`Verdict::observe_api_server`]), calls [`Verdict::step`], and carries out the
+//! [`Decision`]. Tests drive it the same way with an injected clock.
+//!
+//! Mass failure is the normal case here, not an edge: an API outage hangs every
+//! reconcile at once. So every step is linear in the reconciles in flight, the
+//! liveness reason names the oldest few and counts the rest, and per-reconcile log
+//! lines spend a budget ([`budget`]); what is over it is counted into one summary.
 
-use std::collections::{HashMap, VecDeque};
+mod budget;
+
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::guard::{Ended, InFlight, ObjectKey, Outcome, PollState};
+use crate::monitor::summary::{NAMED, name_few};
+
+use budget::{Budget, Pending};
 
 /// What the watchdog does when a reconcile outlives its deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -58,6 +69,14 @@ pub struct Config {
     pub cancel_limit: u32,
     /// The window `cancel_limit` counts in.
     pub cancel_window: Duration,
+    /// Per-reconcile report lines (hung, still hung, ended) one scan may write.
+    pub report_burst: u32,
+    /// Per-reconcile report lines per minute across scans, once the burst is spent.
+    pub reports_per_minute: u32,
+    /// Lines over the budget are counted into one summary per kind, at most this often.
+    pub summary_every: Duration,
+    /// While liveness is held for an API outage, how often the report says so again.
+    pub outage_reminder: Duration,
 }
 
 impl Default for Config {
@@ -68,8 +87,29 @@ impl Default for Config {
             runtime_stall_threshold: Duration::from_secs(10),
             cancel_limit: 3,
             cancel_window: Duration::from_secs(600),
+            report_burst: 10,
+            reports_per_minute: 6,
+            summary_every: Duration::from_secs(15),
+            outage_reminder: Duration::from_secs(60),
         }
     }
+}
+
+/// Whether the API server answers at all, as its reachability check last found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ApiServer {
+    /// No check runs (none configured, or none finished yet).
+    #[default]
+    NotChecked,
+    /// It gave an HTTP answer, whatever its status.
+    Answers,
+    /// It gave none.
+    Silent {
+        /// Since when, at the latest.
+        since: Instant,
+        /// Why the check failed (a timeout, a refused connection).
+        why: String,
+    },
 }
 
 /// Where an overdue reconcile is stuck.
@@ -79,22 +119,28 @@ pub enum HangState {
     Awaiting,
     /// Inside one poll that has not returned: a blocking call, a lock, a busy loop.
     InPoll,
+    /// Woken but not polled since, or waiting while the runtime is stalled: a victim
+    /// of a blocked worker or a stalled runtime, not a hang of its own.
+    Starved,
 }
 
 impl HangState {
-    /// `awaiting` or `in-poll`, as in the report.
+    /// `awaiting`, `in-poll` or `starved`, as in the report.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Awaiting => "awaiting",
             Self::InPoll => "in-poll",
+            Self::Starved => "starved",
         }
     }
 
-    fn of(reconcile: &InFlight) -> Self {
+    fn of(reconcile: &InFlight, runtime_stalled: bool) -> Self {
         match reconcile.poll {
-            PollState::Awaiting => Self::Awaiting,
             PollState::InPoll { .. } => Self::InPoll,
+            PollState::Woken { .. } => Self::Starved,
+            PollState::Awaiting if runtime_stalled => Self::Starved,
+            PollState::Awaiting => Self::Awaiting,
         }
     }
 }
@@ -119,6 +165,9 @@ pub enum Action {
     CancelPendingInPoll,
     /// `cancel` could not stop it within an interval: liveness fails.
     Escalated,
+    /// It awaits while the API server does not answer: a restart cannot help, so
+    /// liveness holds.
+    HeldForApiServer,
 }
 
 impl Action {
@@ -133,7 +182,12 @@ impl Action {
                 "cancel requested, but it is stuck inside a poll and cannot see it; liveness fails if it has not returned within one interval"
             }
             Self::Escalated => "cancel did not stop it; failing liveness (restart)",
+            Self::HeldForApiServer => "the API server does not answer: not restarting",
         }
+    }
+
+    fn fails_liveness(self) -> bool {
+        matches!(self, Self::FailLiveness | Self::Escalated)
     }
 }
 
@@ -141,6 +195,28 @@ impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Which per-reconcile lines a [`Summary`] counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SummaryKind {
+    /// Reconciles newly hung (ERROR).
+    Hung,
+    /// Reminders of reconciles still hung (WARN).
+    StillHung,
+    /// Hung reconciles that ended (INFO).
+    Ended,
+}
+
+/// The per-reconcile lines over the report budget, counted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// Which lines.
+    pub kind: SummaryKind,
+    /// How many.
+    pub count: usize,
+    /// How many per controller and state (or outcome), the largest first.
+    pub by_group: String,
 }
 
 /// Something the monitor must write to the log.
@@ -191,6 +267,38 @@ pub enum Event {
         /// How long it was stalled, at the least.
         stalled_for: Duration,
     },
+    /// Reconciles newly overdue while the runtime is stalled: victims of the stall,
+    /// reported under it rather than one hang report each (ERROR).
+    StallVictims {
+        /// The oldest few of them.
+        named: Vec<InFlight>,
+        /// How many in all.
+        count: usize,
+        /// The named few and the count of the rest, as one line.
+        listed: String,
+    },
+    /// Per-reconcile lines over the report budget, counted (at the level of their kind).
+    Summary(Summary),
+    /// Overdue reconciles await while the API server does not answer: liveness holds
+    /// (ERROR once, then a WARN reminder now and then).
+    ApiServerSilent {
+        /// How long it has not answered.
+        silent_for: Duration,
+        /// Why the reachability check failed.
+        why: String,
+        /// Overdue reconciles liveness holds for.
+        held: usize,
+        /// Whether this is a reminder.
+        reminder: bool,
+    },
+    /// The API server answers again after liveness was held for it (INFO); overdue
+    /// reconciles still stuck on their old requests fail liveness from now on.
+    ApiServerAnswers {
+        /// How long it did not answer, as far as the checks saw.
+        silent_for: Duration,
+        /// Overdue reconciles that now fail liveness.
+        still_stuck: usize,
+    },
 }
 
 /// One overdue reconcile, as the checks and the metrics see it.
@@ -216,6 +324,9 @@ pub struct Decision {
     /// Reconciles newly reported hung: the registry must remember so their end is
     /// reported.
     pub mark_hung: Vec<u64>,
+    /// Every reconcile newly found past its deadline, by controller and state, whether
+    /// or not its report fitted the budget: what the metrics count.
+    pub newly_hung: Vec<(Arc<str>, HangState)>,
     /// Reconciles to cancel now.
     pub cancel: Vec<u64>,
     /// Why the `reconcilers` liveness check fails, if it does.
@@ -234,6 +345,14 @@ struct Tracked {
     escalated: bool,
 }
 
+/// Per-reconcile lines of one scan, before the budget decides which are written.
+#[derive(Default)]
+struct Lines {
+    hung: Vec<Event>,
+    ended: Vec<Event>,
+    still_hung: Vec<Event>,
+}
+
 /// The decision, with the memory it needs between scans.
 #[derive(Debug)]
 pub struct Verdict {
@@ -243,6 +362,14 @@ pub struct Verdict {
     cancels: HashMap<(Arc<str>, ObjectKey), VecDeque<Instant>>,
     /// Since when the runtime's heartbeat has been stale, as far as the scans saw.
     runtime_stalled_since: Option<Instant>,
+    /// What the API server's reachability check last found.
+    api_server: ApiServer,
+    /// When the report last said that liveness holds for the API server, and since
+    /// when the server has not answered.
+    outage_reported: Option<(Instant, Instant)>,
+    budget: Budget,
+    /// Lines over the budget, per kind, until their summary.
+    pending: [Pending; 3],
 }
 
 impl Verdict {
@@ -250,10 +377,14 @@ impl Verdict {
     #[must_use]
     pub fn new(config: Config) -> Self {
         Self {
+            budget: Budget::new(config.report_burst, config.reports_per_minute),
             config,
             tracked: HashMap::new(),
             cancels: HashMap::new(),
             runtime_stalled_since: None,
+            api_server: ApiServer::NotChecked,
+            outage_reported: None,
+            pending: Default::default(),
         }
     }
 
@@ -261,6 +392,12 @@ impl Verdict {
     #[must_use]
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Tells it what the API server's reachability check found, before a
+    /// [`step`](Self::step).
+    pub fn observe_api_server(&mut self, api_server: ApiServer) {
+        self.api_server = api_server;
     }
 
     /// One scan: `in_flight` is the registry's snapshot, `ended` the reconciles that
@@ -274,6 +411,7 @@ impl Verdict {
         now: Instant,
     ) -> Decision {
         let mut decision = Decision::default();
+        let mut lines = Lines::default();
 
         // 1. Reconciles that ended since the last scan: report them, count cancellations.
         let mut cancelled_now = Vec::new();
@@ -287,7 +425,7 @@ impl Verdict {
                 self.cancels.entry(key.clone()).or_default().push_back(now);
                 cancelled_now.push(key);
             }
-            decision.events.push(Event::Ended(end));
+            lines.ended.push(Event::Ended(end));
         }
         self.forget_old_cancels(now);
         // The cancellation that reaches the limit escalates, once, in the log too.
@@ -309,53 +447,63 @@ impl Verdict {
             }
         }
 
-        // 2. Every in-flight reconcile: on time, newly overdue, or still overdue.
-        let mut seen = Vec::new();
+        // 2. Every in-flight reconcile: on time, newly overdue, or still overdue. While
+        // the runtime is stalled, those that wait are its victims, not hangs of their own.
+        let runtime_stalled =
+            runtime_heartbeat_age.is_some_and(|age| age > self.config.runtime_stall_threshold);
+        let mut seen = HashSet::new();
+        let mut victims = Vec::new();
         for reconcile in in_flight {
             if !reconcile.is_overdue(now) {
                 continue;
             }
-            seen.push(reconcile.id);
-            self.judge_overdue(reconcile, now, &mut decision);
+            seen.insert(reconcile.id);
+            self.judge_overdue(
+                reconcile,
+                runtime_stalled,
+                now,
+                &mut decision,
+                &mut lines,
+                &mut victims,
+            );
         }
         // Whatever we tracked that is gone ended without us hearing of it (it finished
         // between the snapshot and its marking): nothing left to remember.
         self.tracked.retain(|id, _| seen.contains(id));
 
-        // 3. Objects cancelled too often: a restart is the honest answer.
-        let mut failures: Vec<String> = decision
-            .overdue
-            .iter()
-            .filter(|o| o.fails_liveness)
-            .map(describe_overdue)
-            .collect();
-        if self.config.policy == HangPolicy::Cancel {
-            for ((controller, object), times) in &self.cancels {
-                if times.len() >= self.config.cancel_limit as usize {
-                    failures.push(format!(
-                        "{controller} {object} cancelled {} times within {}",
-                        times.len(),
-                        fmt_duration(self.config.cancel_window)
-                    ));
-                }
-            }
-        }
-        failures.sort();
-        if !failures.is_empty() {
-            decision.reconcilers_failure = Some(failures.join("; "));
+        // 3. Liveness: the oldest few that fail it named, the rest counted; objects
+        // cancelled too often are named first (a restart is the honest answer).
+        decision.reconcilers_failure = self.reconcilers_failure(&decision.overdue);
+
+        // 4. The async runtime's heartbeat, and the victims of its stall.
+        self.judge_runtime(in_flight, runtime_heartbeat_age, now, &mut decision);
+        if !victims.is_empty() {
+            decision.events.push(stall_victims(victims, now));
         }
 
-        // 4. The async runtime's heartbeat.
-        self.judge_runtime(in_flight, runtime_heartbeat_age, now, &mut decision);
+        // 5. The API server: say once (then now and then) that liveness holds for it.
+        self.judge_api_server(now, &mut decision);
+
+        // 6. The budget: which per-reconcile lines are written, and what is counted.
+        self.spend_budget(lines, now, &mut decision);
         decision
     }
 
-    fn judge_overdue(&mut self, reconcile: &InFlight, now: Instant, decision: &mut Decision) {
+    fn judge_overdue(
+        &mut self,
+        reconcile: &InFlight,
+        runtime_stalled: bool,
+        now: Instant,
+        decision: &mut Decision,
+        lines: &mut Lines,
+        victims: &mut Vec<InFlight>,
+    ) {
         let elapsed = reconcile.elapsed(now);
-        let state = HangState::of(reconcile);
+        let state = HangState::of(reconcile, runtime_stalled);
         let deadlines = deadlines_crossed(elapsed, reconcile.deadline);
         let policy = self.config.policy;
         let interval = self.config.interval;
+        let api_server_silent = matches!(self.api_server, ApiServer::Silent { .. });
 
         let tracked = self.tracked.entry(reconcile.id);
         let first = matches!(tracked, std::collections::hash_map::Entry::Vacant(_));
@@ -392,18 +540,34 @@ impl Verdict {
                 }
             },
         };
+        // An await that never woke while the API server does not answer is most likely
+        // a request to it: a restart cannot help, and every pod restarting at once would
+        // re-list into a server just coming back. Hangs inside a poll are not its doing.
+        let action = if action.fails_liveness() && state == HangState::Awaiting && api_server_silent
+        {
+            Action::HeldForApiServer
+        } else {
+            action
+        };
 
         if first {
             decision.mark_hung.push(reconcile.id);
-            decision.events.push(Event::Hung {
-                reconcile: reconcile.clone(),
-                state,
-                action,
-            });
+            decision
+                .newly_hung
+                .push((Arc::clone(&reconcile.controller), state));
             tracked.deadlines = deadlines;
+            if state == HangState::Starved && runtime_stalled {
+                victims.push(reconcile.clone());
+            } else {
+                lines.hung.push(Event::Hung {
+                    reconcile: reconcile.clone(),
+                    state,
+                    action,
+                });
+            }
         } else if deadlines > tracked.deadlines {
             tracked.deadlines = deadlines;
-            decision.events.push(Event::StillHung {
+            lines.still_hung.push(Event::StillHung {
                 reconcile: reconcile.clone(),
                 state,
                 deadlines,
@@ -411,13 +575,56 @@ impl Verdict {
             });
         }
 
-        let fails_liveness = matches!(action, Action::FailLiveness | Action::Escalated);
         decision.overdue.push(Overdue {
             reconcile: reconcile.clone(),
             state,
             elapsed,
-            fails_liveness,
+            fails_liveness: action.fails_liveness(),
         });
+    }
+
+    fn reconcilers_failure(&self, overdue: &[Overdue]) -> Option<String> {
+        enum Failure<'a> {
+            Overdue(&'a Overdue),
+            CancelledTooOften(&'a Arc<str>, &'a ObjectKey, usize),
+        }
+        let mut failures: Vec<Failure<'_>> = overdue
+            .iter()
+            .filter(|o| o.fails_liveness)
+            .map(Failure::Overdue)
+            .collect();
+        if self.config.policy == HangPolicy::Cancel {
+            for ((controller, object), times) in &self.cancels {
+                if times.len() >= self.config.cancel_limit as usize {
+                    failures.push(Failure::CancelledTooOften(controller, object, times.len()));
+                }
+            }
+        }
+        if failures.is_empty() {
+            return None;
+        }
+        let window = fmt_duration(self.config.cancel_window);
+        Some(name_few(
+            &failures,
+            NAMED,
+            "; ",
+            |f| match f {
+                Failure::Overdue(o) => o.elapsed,
+                Failure::CancelledTooOften(..) => Duration::MAX,
+            },
+            |f| match f {
+                Failure::Overdue(o) => describe_overdue(o),
+                Failure::CancelledTooOften(controller, object, n) => {
+                    format!("{controller} {object} cancelled {n} times within {window}")
+                }
+            },
+            |f| match f {
+                Failure::Overdue(o) => format!("{} {}", o.reconcile.controller, o.state),
+                Failure::CancelledTooOften(controller, ..) => {
+                    format!("{controller} cancelled too often")
+                }
+            },
+        ))
     }
 
     fn forget_old_cancels(&mut self, now: Instant) {
@@ -467,11 +674,121 @@ impl Verdict {
             ));
         }
     }
+
+    fn judge_api_server(&mut self, now: Instant, decision: &mut Decision) {
+        let held = decision
+            .overdue
+            .iter()
+            .filter(|o| o.state == HangState::Awaiting && !o.fails_liveness)
+            .count();
+        match (&self.api_server, self.outage_reported) {
+            (ApiServer::Silent { since, why }, reported) if held > 0 => {
+                let due = reported.is_none_or(|(at, _)| {
+                    now.saturating_duration_since(at) >= self.config.outage_reminder
+                });
+                if due {
+                    self.outage_reported = Some((now, *since));
+                    decision.events.push(Event::ApiServerSilent {
+                        silent_for: now.saturating_duration_since(*since),
+                        why: why.clone(),
+                        held,
+                        reminder: reported.is_some(),
+                    });
+                }
+            }
+            (ApiServer::Answers | ApiServer::NotChecked, Some((_, since))) => {
+                self.outage_reported = None;
+                decision.events.push(Event::ApiServerAnswers {
+                    silent_for: now.saturating_duration_since(since),
+                    still_stuck: decision
+                        .overdue
+                        .iter()
+                        .filter(|o| o.state == HangState::Awaiting && o.fails_liveness)
+                        .count(),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// Writes the per-reconcile lines the budget allows (new hangs first, then ends,
+    /// then reminders) and counts the rest into their kind's summary.
+    fn spend_budget(&mut self, lines: Lines, now: Instant, decision: &mut Decision) {
+        let every = self.config.summary_every;
+        let kinds = [
+            (SummaryKind::Hung, lines.hung),
+            (SummaryKind::Ended, lines.ended),
+            (SummaryKind::StillHung, lines.still_hung),
+        ];
+        for (index, (kind, events)) in kinds.into_iter().enumerate() {
+            let written = self.budget.take(events.len(), now);
+            let mut events = events.into_iter();
+            decision.events.extend(events.by_ref().take(written));
+            for event in events {
+                self.pending[index].add(group_of(&event));
+            }
+            if let Some(summary) = self.pending[index].flush(kind, every, now) {
+                decision.events.push(Event::Summary(summary));
+            }
+        }
+    }
+}
+
+/// The controller and state (or outcome) a summary counts `event` under.
+fn group_of(event: &Event) -> String {
+    match event {
+        Event::Hung {
+            reconcile, state, ..
+        }
+        | Event::StillHung {
+            reconcile, state, ..
+        } => format!("{} {state}", reconcile.controller),
+        Event::Ended(end) => format!("{} {}", end.reconcile.controller, end.outcome),
+        _ => "other".into(),
+    }
+}
+
+fn stall_victims(victims: Vec<InFlight>, now: Instant) -> Event {
+    let listed = name_few(
+        &victims,
+        NAMED,
+        "; ",
+        |r| r.elapsed(now),
+        |r| describe_starved(r, now),
+        |r| format!("{} starved", r.controller),
+    );
+    let count = victims.len();
+    let mut named = victims;
+    named.sort_unstable_by_key(|r| std::cmp::Reverse(r.elapsed(now)));
+    named.truncate(NAMED);
+    Event::StallVictims {
+        named,
+        count,
+        listed,
+    }
+}
+
+/// `controller object running 6s, woken 4s ago`: a victim of a stall.
+#[must_use]
+pub fn describe_starved(r: &InFlight, now: Instant) -> String {
+    let woken = match r.poll {
+        PollState::Woken { since } => format!(
+            "woken {} ago, not polled since",
+            fmt_duration(now.saturating_duration_since(since))
+        ),
+        _ => "waiting while the runtime is stalled".into(),
+    };
+    format!(
+        "{} {} running {}, {woken}",
+        r.controller,
+        r.object,
+        fmt_duration(r.elapsed(now))
+    )
 }
 
 fn cancel_action(state: HangState) -> Action {
     match state {
-        HangState::Awaiting => Action::CancelRequested,
+        HangState::Awaiting | HangState::Starved => Action::CancelRequested,
         HangState::InPoll => Action::CancelPendingInPoll,
     }
 }
