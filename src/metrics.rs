@@ -43,7 +43,7 @@ use warp::http::{Method, Response, header};
 
 use crate::guard::{self, Outcome};
 use crate::health::Health;
-use crate::monitor::{self, HangState, Scan, verdict::Event};
+use crate::monitor::{self, ApiServerStatus, HangState, Scan, verdict::Event};
 use crate::probes::routes::{method_not_allowed, not_found};
 
 /// The prefix of every metric name.
@@ -183,6 +183,13 @@ impl Metrics {
     /// Metrics whose health-check gauges run the checks of `health` at each scrape.
     #[must_use]
     pub fn new(health: Arc<Health>) -> Arc<Self> {
+        Self::with_api_server(health, Arc::default())
+    }
+
+    /// Like [`new`](Self::new), with the API server's reachability from `api_server`
+    /// (shown once its check has run).
+    #[must_use]
+    pub fn with_api_server(health: Arc<Health>, api_server: Arc<ApiServerStatus>) -> Arc<Self> {
         let mut registry = prometheus_client::registry::Registry::with_prefix(PREFIX);
         let families = Families {
             reconcile_duration: Family::new_with_constructor(|| Histogram::new(RECONCILE_BUCKETS)),
@@ -240,6 +247,7 @@ impl Metrics {
             runtime_heartbeat_age.clone(),
         );
         registry.register_collector(Box::new(HealthChecks(health)));
+        registry.register_collector(Box::new(ApiServerReachability(api_server)));
 
         Arc::new(Self {
             registry,
@@ -394,6 +402,40 @@ impl Collector for HealthChecks {
                     .encode(family.encode_family(&labels)?)?;
             }
         }
+        Ok(())
+    }
+}
+
+/// `reconcile_watchdog_api_server_reachable` (1/0) and
+/// `reconcile_watchdog_api_server_unreachable_seconds_total`, read at scrape time from
+/// the API server check; absent until it has run.
+#[derive(Debug)]
+struct ApiServerReachability(Arc<ApiServerStatus>);
+
+impl Collector for ApiServerReachability {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(reachable) = self.0.reachable() else {
+            return Ok(());
+        };
+        let gauge = encoder.encode_descriptor(
+            "api_server_reachable",
+            "Whether the API server gave any HTTP answer at the latest reachability check (1) or none (0)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(reachable)).encode(gauge)?;
+        let counter = encoder.encode_descriptor(
+            "api_server_unreachable_seconds",
+            "Time the API server has not answered the reachability check, in all",
+            None,
+            MetricType::Counter,
+        )?;
+        prometheus_client::metrics::counter::ConstCounter::new(
+            self.0
+                .unreachable_for(std::time::Instant::now())
+                .as_secs_f64(),
+        )
+        .encode(counter)?;
         Ok(())
     }
 }

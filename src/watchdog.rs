@@ -7,9 +7,21 @@ use std::time::Duration;
 
 use crate::guard::{Deadlines, Registry};
 use crate::health::Health;
+use crate::kube::apiserver::ApiServerCheck;
 use crate::metrics::Metrics;
-use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
+use crate::monitor::{self, ApiServerStatus, HangPolicy, Monitor, RuntimeHeartbeat};
 use crate::probes::{self, HttpServer, Probes};
+
+/// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
+pub const MIN_HEARTBEAT_PERIOD: Duration = Duration::from_millis(1);
+
+/// How often the watched runtime's heartbeat beats for a scan `interval`: every half
+/// interval. The builder keeps it at [`MIN_HEARTBEAT_PERIOD`] or more (a zero period
+/// would panic the beating task).
+#[must_use]
+pub fn heartbeat_period(interval: Duration) -> Duration {
+    interval / 2
+}
 
 /// Errors of starting the watchdog.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +46,7 @@ pub struct Builder {
     metrics_address: Option<SocketAddr>,
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
+    api_server_check: Option<Duration>,
 }
 
 impl Builder {
@@ -104,32 +117,59 @@ impl Builder {
         self
     }
 
+    /// Per-reconcile report lines (hung, still hung, ended): `burst` in one scan at
+    /// most, `per_minute` across scans once the burst is spent; the rest are counted in
+    /// one summary per kind (default 10 and 6).
+    #[must_use]
+    pub fn report_budget(mut self, burst: u32, per_minute: u32) -> Self {
+        self.monitor.report_burst = burst;
+        self.monitor.reports_per_minute = per_minute;
+        self
+    }
+
+    /// How often, once [`Watchdog::api_server`] watches a `kube::Config`, to ask
+    /// whether the API server answers at all (default 5 seconds; `None` never asks).
+    #[must_use]
+    pub fn api_server_check_interval(mut self, interval: Option<Duration>) -> Self {
+        self.api_server_check = interval;
+        self
+    }
+
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
+        let api_server = Arc::new(ApiServerStatus::default());
         let metrics = self
             .metrics_address
-            .map(|_| Metrics::new(Arc::clone(&health)));
+            .map(|_| Metrics::with_api_server(Arc::clone(&health), Arc::clone(&api_server)));
         let registry = match &metrics {
             Some(metrics) => Registry::with_observer(self.deadlines, metrics.clone()),
             None => Registry::new(self.deadlines),
         };
-        let heartbeat = self
-            .runtime
-            .as_ref()
-            .map(|handle| RuntimeHeartbeat::spawn(handle, self.monitor.interval / 2));
+        let heartbeat = self.runtime.as_ref().map(|handle| {
+            RuntimeHeartbeat::spawn(
+                handle,
+                heartbeat_period(self.monitor.interval).max(MIN_HEARTBEAT_PERIOD),
+            )
+        });
         let scan_observer = metrics
             .clone()
             .map(|metrics| metrics as Arc<dyn monitor::Observer>);
-        let monitor = Monitor::spawn_with_diagnostics(
+        let monitor = Monitor::spawn_watching_api_server(
             registry.clone(),
             &health,
             self.monitor,
             self.diagnostics,
             heartbeat,
+            self.api_server_check.map(|_| Arc::clone(&api_server)),
             scan_observer,
         )
         .map_err(Error::Monitor)?;
+        let api_server = Arc::new(ApiServerCheck::new(
+            api_server,
+            self.api_server_check,
+            Arc::clone(&health),
+        ));
         let probes = self
             .probe_address
             .map(|addr| {
@@ -152,6 +192,7 @@ impl Builder {
             _ => None,
         };
         Ok(Watchdog {
+            api_server,
             registry,
             health,
             monitor,
@@ -165,6 +206,7 @@ impl Builder {
 /// A running watchdog. Dropping it stops the monitor and the probe server.
 #[derive(Debug)]
 pub struct Watchdog {
+    api_server: Arc<ApiServerCheck>,
     registry: Registry,
     health: Arc<Health>,
     monitor: Monitor,
@@ -184,7 +226,16 @@ impl Watchdog {
             metrics_address: None,
             runtime: None,
             diagnostics: monitor::Diagnostics::default(),
+            api_server_check: Some(Duration::from_secs(5)),
         }
+    }
+
+    /// The API server check: give it the operator's `kube::Config`
+    /// (`watchdog.api_server().watch(config)`) so that an API outage fails readiness,
+    /// not liveness.
+    #[must_use]
+    pub fn api_server(&self) -> &Arc<ApiServerCheck> {
+        &self.api_server
     }
 
     /// The registry to guard reconciles with.

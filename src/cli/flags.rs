@@ -57,6 +57,18 @@ pub struct WatchdogArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = duration)]
     pub shutdown_grace: Duration,
 
+    /// Per-reconcile hang report lines (hung, still hung, ended) one scan may write; beyond it, one summary per scan with counts
+    #[arg(long, env = "RECONCILE_WATCHDOG_HANG_REPORT_BURST", value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub hang_report_burst: u32,
+
+    /// Per-reconcile hang report lines per minute across scans, once the burst is spent
+    #[arg(long, env = "RECONCILE_WATCHDOG_HANG_REPORTS_PER_MINUTE", value_name = "N", default_value_t = 6, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub hang_reports_per_minute: u32,
+
+    /// How often to ask whether the API server answers at all (run only; an overdue await during an outage does not fail liveness); off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_API_SERVER_CHECK_INTERVAL", value_name = "DURATION", default_value = "5s", value_parser = duration_or_off)]
+    pub api_server_check_interval: StackCaptureAfter,
+
     /// Log format; the level comes from RUST_LOG (default info)
     #[arg(long, env = "RECONCILE_WATCHDOG_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -116,7 +128,68 @@ impl WatchdogArgs {
                 StackCaptureAfter::After(after) => Some(after),
                 StackCaptureAfter::Off => None,
             })
+            .report_budget(self.hang_report_burst, self.hang_reports_per_minute)
+            .api_server_check_interval(match self.api_server_check_interval {
+                StackCaptureAfter::After(every) => Some(every),
+                StackCaptureAfter::Off => None,
+            })
     }
+
+    /// Refuses flags that cannot work together, naming both (exit status 2 from the
+    /// caller): the runtime's heartbeat beats every half interval, so a stall threshold
+    /// must be above that period, and the period must not round to nothing; and an
+    /// interval above half the smallest deadline would find a hang late by more than
+    /// half that deadline.
+    pub fn check(&self, defaults: Defaults) -> Result<(), String> {
+        let interval = self.watchdog_interval.unwrap_or(defaults.watchdog_interval);
+        let threshold = self
+            .runtime_stall_threshold
+            .unwrap_or(defaults.runtime_stall_threshold);
+        let period = crate::watchdog::heartbeat_period(interval);
+        if period < crate::watchdog::MIN_HEARTBEAT_PERIOD {
+            return Err(format!(
+                "--watchdog-interval {} is too short: the runtime's heartbeat beats every half interval, and {} is below the runtime timer's resolution of {}; use at least {}",
+                fmt(interval),
+                fmt(period),
+                fmt(crate::watchdog::MIN_HEARTBEAT_PERIOD),
+                fmt(crate::watchdog::MIN_HEARTBEAT_PERIOD * 2)
+            ));
+        }
+        if threshold <= period {
+            return Err(format!(
+                "--runtime-stall-threshold {} must be above the runtime heartbeat's period, half of --watchdog-interval {} ({}): a heartbeat that beats on time would look stalled",
+                fmt(threshold),
+                fmt(interval),
+                fmt(period)
+            ));
+        }
+        let deadline = self
+            .reconcile_deadline
+            .unwrap_or(defaults.reconcile_deadline);
+        let (name, smallest) = self
+            .reconcile_deadline_for
+            .iter()
+            .map(|(name, d)| (format!("--reconcile-deadline-for {name}={}", fmt(*d)), *d))
+            .chain(std::iter::once((
+                format!("--reconcile-deadline {}", fmt(deadline)),
+                deadline,
+            )))
+            .min_by_key(|(_, d)| *d)
+            .unwrap_or_default();
+        if interval > smallest / 2 {
+            return Err(format!(
+                "--watchdog-interval {} is above half the smallest deadline ({name}): a hang would be found up to {} after its deadline; use an interval of at most {}",
+                fmt(interval),
+                fmt(interval),
+                fmt(smallest / 2)
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn fmt(d: Duration) -> String {
+    crate::monitor::verdict::fmt_duration(d)
 }
 
 /// `--on-hang`.

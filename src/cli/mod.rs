@@ -9,7 +9,7 @@ pub mod signals;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::demo::{self, DemoOptions, HangKind};
 use flags::{Defaults, WatchdogArgs};
@@ -66,6 +66,17 @@ pub struct DemoArgs {
 /// Parses the arguments (exit status 2 on bad input, from clap) and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Flags that parse alone but cannot work together: exit 2, as clap does.
+    let checked = match &cli.command {
+        Command::Demo(args) => args.watchdog.check(Defaults::DEMO),
+        Command::Run(args) => args.watchdog.check(Defaults::RUN),
+        Command::Crd => Ok(()),
+    };
+    if let Err(message) = checked {
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     match cli.command {
         Command::Demo(args) => {
             logging::init(args.watchdog.log_format);

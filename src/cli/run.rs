@@ -111,9 +111,18 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     let shutdown = CancellationToken::new();
     let controllers = Controllers::new(&watchdog, shutdown.clone());
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
+    let api_server = std::sync::Arc::clone(watchdog.api_server());
     runtime.spawn(async move {
         let started = async {
-            let client = kube::Client::try_default().await.map_err(Error::Client)?;
+            let config = kube::Config::infer()
+                .await
+                .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?;
+            // Whether the API server answers at all: an outage fails readiness, not
+            // liveness.
+            if let Err(error) = api_server.watch(config.clone()) {
+                tracing::error!(error = %error_chain(&error), "the API server check did not start");
+            }
+            let client = kube::Client::try_from(config).map_err(Error::Client)?;
             let ctx = Context {
                 client,
                 fault_injection,
@@ -197,24 +206,27 @@ fn supervise(
     }
 }
 
-/// The reconciles in flight, as `controller object (elapsed)`.
+/// The reconciles in flight, as `controller object (elapsed)`: the longest running few,
+/// then the rest counted per controller.
 fn still_running(registry: &Registry) -> String {
     let now = Instant::now();
-    let running: Vec<String> = registry
-        .snapshot()
-        .iter()
-        .map(|r| {
+    let running = registry.snapshot();
+    if running.is_empty() {
+        return "none".into();
+    }
+    crate::monitor::summary::name_few(
+        &running,
+        crate::monitor::summary::NAMED,
+        ", ",
+        |r| r.elapsed(now),
+        |r| {
             format!(
                 "{} {} ({})",
                 r.controller,
                 r.object,
                 humantime::format_duration(Duration::from_secs(r.elapsed(now).as_secs()))
             )
-        })
-        .collect();
-    if running.is_empty() {
-        "none".into()
-    } else {
-        running.join(", ")
-    }
+        },
+        |r| r.controller.clone(),
+    )
 }

@@ -72,6 +72,7 @@
 //! }
 //! ```
 
+pub mod apiserver;
 mod log;
 
 use std::fmt::Debug;
