@@ -122,6 +122,23 @@ impl Emulator {
     pub fn release(&self, name: &str) {
         self.control("release", name);
     }
+
+    /// From now on, every request with a path segment starting with `prefix` goes
+    /// unanswered (many objects at once, cheaply).
+    pub fn hold_prefix(&self, prefix: &str) {
+        self.control("hold-prefix", prefix);
+    }
+
+    /// Answers the requests held for `prefix`, and those to come.
+    pub fn release_prefix(&self, prefix: &str) {
+        self.control("release-prefix", prefix);
+    }
+
+    /// The whole API server stops answering (discovery and `/version` included), or
+    /// (`false`) answers everything it held.
+    pub fn outage(&self, out: bool) {
+        self.control("outage", if out { "start" } else { "end" });
+    }
 }
 
 impl Drop for Emulator {

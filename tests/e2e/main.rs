@@ -5,6 +5,7 @@
 //! API server late. Against a real cluster, run with `-- --skip emulator_`.
 
 mod harness;
+mod mass;
 #[path = "../support/mod.rs"]
 mod support;
 

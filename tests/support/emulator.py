@@ -10,6 +10,16 @@ object, as if the API server had lost it, until told to release it:
     POST /_emulator/black-hole/NAME   hold every later request whose path names NAME
     POST /_emulator/release/NAME      answer the held requests, and those to come
 
+For mass failures and outages (issue 10), it can also hold many requests at once, each
+an awaited event (no thread, no timer), so that holding hundreds costs nothing:
+
+    POST /_emulator/hold-prefix/PREFIX     hold every later request with a path segment
+                                           starting with PREFIX (e.g. 150 objects mass-*)
+    POST /_emulator/release-prefix/PREFIX  answer them, and those to come
+    POST /_emulator/outage/start           answer nothing at all (discovery and /version
+                                           included) but these controls
+    POST /_emulator/outage/end             answer everything held by the outage
+
 Usage: python emulator.py [--port PORT]; it prints one line, "listening on URL", when
 it accepts connections, and runs until killed.
 """
@@ -47,8 +57,14 @@ class Emulator(kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
     # Object name -> the event its held requests wait on.
     _holes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
+    # Name prefix -> the event its held requests wait on (hold-prefix).
+    _held_prefixes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
+    # Set while the whole server is out: the event every request waits on.
+    _outage: asyncio.Event | None = attrs.field(default=None, init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        if not raw_request.path.startswith(CONTROL_PREFIX):
+            await self._wait_out_holds(raw_request.path)
         # kmock 0.8 cannot parse /api/v1/namespaces (it reads "namespaces" as the start of
         # a namespaced path), so namespaces are answered here: accepted, never stored.
         if raw_request.path.startswith('/api/v1/namespaces') and raw_request.path.count('/') <= 4:
@@ -65,6 +81,26 @@ class Emulator(kmock.KubernetesEmulator):
         return str(self._revision)
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        try:
+            return await self._handle_stamped(request)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request: kmock.Request) -> None:
+        """Drops a served request from kmock's history of every request.
+
+        kmock keeps every request for assertions and matches each new one against its
+        reactions by scanning that whole history: quadratic, a dozen requests a second
+        after a few thousand. The tests assert on the operator, not on this history, so
+        only requests still being served stay in it (a reaction needs its own request
+        there while it is matched)."""
+        requests = self._requests
+        for index in range(len(requests) - 1, -1, -1):
+            if requests[index] is request:
+                del requests[index]
+                return
+
+    async def _handle_stamped(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         path = request.url.path
         if path.startswith(CONTROL_PREFIX):
             return self._control(request, path[len(CONTROL_PREFIX):])
@@ -92,8 +128,37 @@ class Emulator(kmock.KubernetesEmulator):
         key = (request.resource, request.namespace, request.name)
         return key not in self.objects or self.objects[key].deleted
 
+    async def _wait_out_holds(self, path: str) -> None:
+        """Holds a request while the server is out, or while its path names a held prefix."""
+        if self._outage is not None:
+            await self._outage.wait()
+        for prefix, released in list(self._held_prefixes.items()):
+            if any(segment.startswith(prefix) for segment in path.split('/')):
+                await released.wait()
+
+    def _control_holds(self, verb: str, name: str) -> aiohttp.web.StreamResponse | None:
+        """The hold-prefix, release-prefix and outage commands; None for others."""
+        if verb == 'hold-prefix':
+            self._held_prefixes.setdefault(name, asyncio.Event())
+        elif verb == 'release-prefix':
+            self._held_prefixes.pop(name, asyncio.Event()).set()
+        elif verb == 'outage' and name == 'start':
+            if self._outage is None:
+                self._outage = asyncio.Event()
+        elif verb == 'outage' and name == 'end':
+            if self._outage is not None:
+                self._outage.set()
+                self._outage = None
+        else:
+            return None
+        return aiohttp.web.Response(text=f'{verb} {name}\n')
+
     def _control(self, request: kmock.Request, command: str) -> aiohttp.web.StreamResponse:
         verb, _, name = command.partition('/')
+        if request.method == kmock.method.POST and name:
+            answered = self._control_holds(verb, name)
+            if answered is not None:
+                return answered
         if request.method != kmock.method.POST or not name:
             return aiohttp.web.Response(status=400, text=f'unknown command {command!r}\n')
         if verb == 'black-hole':
