@@ -28,8 +28,29 @@ impl Budget {
         }
     }
 
+    /// Takes `wanted` tokens at `now` if there are that many, else none; returns how
+    /// many it got.
+    pub(super) fn take_all(&mut self, wanted: usize, now: Instant) -> usize {
+        self.refill(now);
+        if self.whole() < wanted {
+            return 0;
+        }
+        self.take(wanted, now)
+    }
+
+    fn whole(&self) -> usize {
+        usize::try_from(self.micro_tokens / MICRO).unwrap_or(usize::MAX)
+    }
+
     /// Takes up to `wanted` tokens at `now`; returns how many it got.
     pub(super) fn take(&mut self, wanted: usize, now: Instant) -> usize {
+        self.refill(now);
+        let got = wanted.min(self.whole());
+        self.micro_tokens -= u64::try_from(got).unwrap_or(u64::MAX) * MICRO;
+        got
+    }
+
+    fn refill(&mut self, now: Instant) {
         let cap = u64::from(self.burst) * MICRO;
         if let Some(at) = self.refilled_at {
             let elapsed = now.saturating_duration_since(at);
@@ -45,10 +66,6 @@ impl Budget {
                 .min(cap);
         }
         self.refilled_at = Some(now);
-        let whole = usize::try_from(self.micro_tokens / MICRO).unwrap_or(usize::MAX);
-        let got = wanted.min(whole);
-        self.micro_tokens -= u64::try_from(got).unwrap_or(u64::MAX) * MICRO;
-        got
     }
 }
 
@@ -109,5 +126,10 @@ mod tests {
         assert_eq!(budget.take(100, t0 + Duration::from_secs(30)), 1);
         // Refills stop at the burst.
         assert_eq!(budget.take(100, t0 + Duration::from_secs(3600)), 10);
+        // All or nothing.
+        let t1 = t0 + Duration::from_secs(7200);
+        assert_eq!(budget.take_all(11, t1), 0);
+        assert_eq!(budget.take_all(4, t1), 4);
+        assert_eq!(budget.take(100, t1), 6);
     }
 }

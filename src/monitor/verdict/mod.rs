@@ -712,7 +712,9 @@ impl Verdict {
     }
 
     /// Writes the per-reconcile lines the budget allows (new hangs first, then ends,
-    /// then reminders) and counts the rest into their kind's summary.
+    /// then reminders) and counts the rest into their kind's summary. New hangs are
+    /// written up to the budget; ends and reminders only when all of a scan's fit,
+    /// since a few of a thousand reminders tell nothing the summary does not.
     fn spend_budget(&mut self, lines: Lines, now: Instant, decision: &mut Decision) {
         let every = self.config.summary_every;
         let kinds = [
@@ -721,7 +723,12 @@ impl Verdict {
             (SummaryKind::StillHung, lines.still_hung),
         ];
         for (index, (kind, events)) in kinds.into_iter().enumerate() {
-            let written = self.budget.take(events.len(), now);
+            let written = match kind {
+                SummaryKind::Hung => self.budget.take(events.len(), now),
+                SummaryKind::Ended | SummaryKind::StillHung => {
+                    self.budget.take_all(events.len(), now)
+                }
+            };
             let mut events = events.into_iter();
             decision.events.extend(events.by_ref().take(written));
             for event in events {
@@ -1190,6 +1197,305 @@ mod tests {
         let d = v.step(&[], vec![], Some(SECOND / 2), t0 + 13 * SECOND);
         assert!(d.runtime_failure.is_none());
         assert!(matches!(&d.events[..], [Event::RuntimeRecovered { .. }]));
+    }
+
+    /// Every log line a scan's events make (a summary is one line).
+    fn lines(d: &Decision) -> usize {
+        d.events.len()
+    }
+
+    #[test]
+    fn a_mass_hang_reports_a_burst_then_one_summary_and_names_the_oldest_few() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let reconciles: Vec<InFlight> = (0..1000)
+            .map(|i| {
+                let started = t0 + Duration::from_millis(i);
+                reconcile(i, "web", &format!("o-{i:04}"), 5 * SECOND, started)
+            })
+            .collect();
+        let d = v.step(&reconciles, vec![], None, t0 + 6 * SECOND);
+        assert_eq!(
+            d.newly_hung.len(),
+            1000,
+            "every hang counted for the metrics"
+        );
+        assert_eq!(d.mark_hung.len(), 1000);
+        assert_eq!(d.overdue.len(), 1000);
+        assert_eq!(hung_ids(&d).len(), 10, "the burst");
+        let summaries: Vec<&Summary> = d
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Summary(s) => Some(s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            summaries,
+            [&Summary {
+                kind: SummaryKind::Hung,
+                count: 990,
+                by_group: "web awaiting 990".into(),
+            }]
+        );
+        let failure = d.reconcilers_failure.unwrap();
+        assert!(failure.len() < 1024, "{} bytes: {failure}", failure.len());
+        assert!(
+            failure.starts_with("web ns/o-0000 running 6s, deadline 5s (awaiting); web ns/o-0001"),
+            "the oldest first: {failure}"
+        );
+        assert!(
+            failure.ends_with("; and 995 more: web awaiting 995"),
+            "{failure}"
+        );
+    }
+
+    #[test]
+    fn a_thousand_hangs_write_few_lines_in_five_minutes() {
+        // The default budget, a one-second interval, and deadlines short enough that
+        // reminders come every 30 s: each scan's reminders spend the rate, the rest
+        // wait for the summary period.
+        for deadline in [300 * SECOND, 60 * SECOND, 30 * SECOND] {
+            let t0 = Instant::now();
+            let mut v = Verdict::new(Config::default());
+            let reconciles: Vec<InFlight> = (0..1000)
+                .map(|i| reconcile(i, "web", &format!("o-{i}"), deadline, t0))
+                .collect();
+            let first = t0 + deadline + SECOND;
+            let mut total = 0;
+            for s in 0..300 {
+                total += lines(&v.step(&reconciles, vec![], None, first + s * SECOND));
+            }
+            eprintln!("1000 hangs, deadline {deadline:?}: {total} lines in their first 5 minutes");
+            assert!(
+                total < 50,
+                "{total} lines in 5 minutes for deadline {deadline:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn lines_over_the_budget_are_summarised_at_most_once_per_period() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            report_burst: 2,
+            reports_per_minute: 0,
+            summary_every: 10 * SECOND,
+            ..Config::default()
+        });
+        let mut in_flight = Vec::new();
+        let mut summarised = 0;
+        let mut reported = 0;
+        for s in 0..30_u32 {
+            // One new hang a second, two per scan from the third second on.
+            in_flight.push(reconcile(
+                2 * u64::from(s),
+                "web",
+                "a",
+                SECOND,
+                t0 + s * SECOND,
+            ));
+            in_flight.push(reconcile(
+                2 * u64::from(s) + 1,
+                "db",
+                "b",
+                SECOND,
+                t0 + s * SECOND,
+            ));
+            let d = v.step(&in_flight, vec![], None, t0 + (s + 2) * SECOND);
+            reported += hung_ids(&d).len();
+            for e in &d.events {
+                if let Event::Summary(summary) = e
+                    && summary.kind == SummaryKind::Hung
+                {
+                    summarised += summary.count;
+                    assert!(
+                        summary.by_group.contains("web awaiting")
+                            && summary.by_group.contains("db awaiting"),
+                        "{summary:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(reported, 2, "the burst, then no rate");
+        // Summaries at 2 s, 12 s, 22 s of the run: the hangs of the last scans wait
+        // for the next period, counted, not lost.
+        let d = v.step(&in_flight, vec![], None, t0 + 60 * SECOND);
+        for e in &d.events {
+            if let Event::Summary(summary) = e
+                && summary.kind == SummaryKind::Hung
+            {
+                summarised += summary.count;
+            }
+        }
+        assert_eq!(reported + summarised, 60, "every hang reported or counted");
+    }
+
+    #[test]
+    fn liveness_holds_for_awaits_while_the_api_server_does_not_answer() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let awaiting = reconcile(1, "web", "a", 5 * SECOND, t0);
+        let stuck = in_poll(reconcile(2, "web", "b", 5 * SECOND, t0), t0);
+        let since = t0 + 2 * SECOND;
+        v.observe_api_server(ApiServer::Silent {
+            since,
+            why: "no answer within 2s".into(),
+        });
+
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 6 * SECOND,
+        );
+        assert!(d.reconcilers_failure.is_none(), "a restart cannot help");
+        assert!(
+            matches!(
+                &d.events[..],
+                [
+                    Event::ApiServerSilent {
+                        held: 1,
+                        reminder: false,
+                        ..
+                    },
+                    Event::Hung {
+                        action: Action::HeldForApiServer,
+                        ..
+                    },
+                ]
+            ),
+            "{:?}",
+            d.events
+        );
+        assert_eq!(d.newly_hung.len(), 1, "still counted");
+
+        // Said once, then a reminder at the reminder rate.
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 7 * SECOND,
+        );
+        assert!(d.events.is_empty(), "{:?}", d.events);
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 66 * SECOND,
+        );
+        assert!(
+            d.events
+                .iter()
+                .any(|e| matches!(e, Event::ApiServerSilent { reminder: true, .. })),
+            "{:?}",
+            d.events
+        );
+
+        // A hang inside a poll is not the API server's doing.
+        let both = [awaiting.clone(), stuck];
+        let d = v.step(&both, vec![], None, t0 + 67 * SECOND);
+        let failure = d
+            .reconcilers_failure
+            .expect("the in-poll hang fails liveness");
+        assert!(
+            failure.contains("ns/b") && !failure.contains("ns/a"),
+            "{failure}"
+        );
+
+        // It answers again and the await is still stuck on its old request: the normal
+        // verdict (a restart is the cure for a stuck connection).
+        v.observe_api_server(ApiServer::Answers);
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 68 * SECOND,
+        );
+        assert!(d.reconcilers_failure.unwrap().contains("ns/a"));
+        assert!(
+            matches!(
+                &d.events[..],
+                [Event::ApiServerAnswers { still_stuck: 1, silent_for }] if *silent_for == 66 * SECOND
+            ),
+            "{:?}",
+            d.events
+        );
+    }
+
+    #[test]
+    fn a_woken_reconcile_not_polled_since_is_starved() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        let mut victim = reconcile(1, "web", "a", 5 * SECOND, t0);
+        victim.poll = PollState::Woken {
+            since: t0 + 2 * SECOND,
+        };
+        let d = v.step(std::slice::from_ref(&victim), vec![], None, t0 + 6 * SECOND);
+        assert!(matches!(
+            &d.events[..],
+            [Event::Hung {
+                state: HangState::Starved,
+                ..
+            }]
+        ));
+        assert!(d.reconcilers_failure.unwrap().ends_with("(starved)"));
+        assert_eq!(
+            describe_starved(&victim, t0 + 6 * SECOND),
+            "web ns/a running 6s, woken 4s ago, not polled since"
+        );
+    }
+
+    #[test]
+    fn overdue_reconciles_of_a_stalled_runtime_are_its_victims() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            runtime_stall_threshold: 2 * SECOND,
+            ..Config::default()
+        });
+        let culprit = in_poll(reconcile(1, "web", "a", 5 * SECOND, t0), t0 + SECOND);
+        let waiting: Vec<InFlight> = (2..40)
+            .map(|i| reconcile(i, "web", &format!("w-{i}"), 5 * SECOND, t0))
+            .collect();
+        let mut all = vec![culprit];
+        all.extend(waiting);
+        let d = v.step(&all, vec![], Some(5 * SECOND), t0 + 6 * SECOND);
+        // The culprit is reported on its own; its victims once, under the stall.
+        assert_eq!(hung_ids(&d), vec![1]);
+        let victims: Vec<_> = d
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::StallVictims {
+                    count,
+                    listed,
+                    named,
+                } => Some((count, listed, named.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(victims.len(), 1, "{:?}", d.events);
+        let (count, listed, named) = victims[0];
+        assert_eq!((*count, named), (38, NAMED));
+        assert!(
+            listed.contains("waiting while the runtime is stalled")
+                && listed.ends_with("and 33 more: web starved 33"),
+            "{listed}"
+        );
+        assert!(
+            d.events
+                .iter()
+                .any(|e| matches!(e, Event::RuntimeStalled { .. }))
+        );
+        assert_eq!(
+            d.overdue
+                .iter()
+                .filter(|o| o.state == HangState::Starved)
+                .count(),
+            38
+        );
+        assert_eq!(d.newly_hung.len(), 39, "the victims are counted too");
     }
 
     #[test]
