@@ -509,7 +509,7 @@ mod tests {
             let decision = verdict.step(
                 &in_flight,
                 registry.take_ended(),
-                Some(Duration::from_millis(1500)),
+                Some(Duration::from_millis(50)),
                 now,
             );
             monitor::Observer::scanned(
@@ -519,7 +519,7 @@ mod tests {
                     in_flight_by_controller: &counts,
                     decision: &decision,
                     took: Duration::from_micros(70),
-                    runtime_heartbeat_age: Some(Duration::from_millis(1500)),
+                    runtime_heartbeat_age: Some(Duration::from_millis(50)),
                 },
             );
         };
@@ -577,7 +577,7 @@ mod tests {
         );
         assert_eq!(
             get(&text, "reconcile_watchdog_runtime_heartbeat_age_seconds").as_deref(),
-            Some("1.5")
+            Some("0.05")
         );
         assert_eq!(
             get(&text, "reconcile_watchdog_scan_duration_seconds_count").as_deref(),

@@ -42,12 +42,24 @@ fn a_block_hang_reports_the_blocking_frames() {
         "500ms",
     ]);
     let hung = event(&demo, "the block hang's report", |e| {
-        // Another reconcile queued behind the blocked worker may be reported (awaiting)
-        // as well; this test is about the one blocked inside its poll.
-        field(e, "message").starts_with("reconcile hung:")
-            && field(e, "object") == "demo/cert-7"
-            && field(e, "state") == "in-poll"
+        field(e, "message").starts_with("reconcile hung:") && field(e, "object") == "demo/cert-7"
     });
+    assert_eq!(field(&hung, "state"), "in-poll", "{hung}");
+    // Other reconciles queued behind the blocked worker (or whose timers it stopped)
+    // are its victims: reported starved, under the stall report when the runtime
+    // stalls, never as awaits that never woke.
+    for victim in demo.events().into_iter().filter(|e| {
+        field(e, "message").starts_with("reconcile hung:") && field(e, "object") != "demo/cert-7"
+    }) {
+        assert_eq!(field(&victim, "state"), "starved", "{victim}");
+    }
+    for stall in demo
+        .events()
+        .into_iter()
+        .filter(|e| field(e, "message").contains("are its victims"))
+    {
+        assert_eq!(field(&stall, "state"), "starved", "{stall}");
+    }
     assert_eq!(field(&hung, "level"), "ERROR", "{hung}");
     let stack = field(&hung, "stack");
     if cfg!(all(feature = "stack-capture", target_os = "linux")) {
@@ -122,4 +134,45 @@ fn a_wedged_runtime_fails_healthz_while_the_probe_keeps_answering() {
             "{stalled}"
         );
     }
+}
+
+#[test]
+fn a_wedged_runtime_reports_the_reconciles_it_starves_as_its_victims() {
+    // The set-up: past their 2s deadline while every worker is blocked, the
+    // other reconciles were reported as awaits that never woke.
+    let demo = demo(&[
+        "--hang-kind",
+        "wedge",
+        "--hang-after",
+        "1s",
+        "--reconcile-deadline",
+        "2s",
+        "--runtime-stall-threshold",
+        "1s",
+        "--watchdog-interval",
+        "200ms",
+        "--stack-capture-after",
+        "off",
+    ]);
+    let victims = event(&demo, "the stall's victims", |e| {
+        field(e, "message").starts_with("async runtime stalled:")
+            && field(e, "message").contains("are its victims")
+    });
+    assert_eq!(field(&victims, "state"), "starved", "{victims}");
+    let count = victims.get("count").and_then(serde_json::Value::as_u64);
+    assert!(count.is_some_and(|n| n >= 1), "{victims}");
+    assert!(field(&victims, "starved").contains("demo/"), "{victims}");
+    // The wedging reconciles themselves are hangs inside a poll.
+    event(&demo, "a wedging reconcile's report", |e| {
+        field(e, "message").starts_with("reconcile hung:") && field(e, "state") == "in-poll"
+    });
+    let misattributed: Vec<_> = demo
+        .events()
+        .into_iter()
+        .filter(|e| field(e, "message").contains("an await that never woke"))
+        .collect();
+    assert!(
+        misattributed.is_empty(),
+        "victims reported as awaits that never woke: {misattributed:#?}"
+    );
 }

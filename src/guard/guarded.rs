@@ -135,3 +135,80 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         "non-string panic payload".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use crate::guard::{ObjectKey, PollState, Registry};
+
+    /// A reconcile that hands out its waker and waits until told to finish.
+    #[test]
+    fn a_wake_is_dated_until_the_next_poll() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handed: Arc<Mutex<Option<Waker>>> = Arc::default();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reconcile = {
+            let (handed, done) = (Arc::clone(&handed), Arc::clone(&done));
+            std::future::poll_fn(move |cx: &mut Context<'_>| {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Poll::Ready(Ok::<(), ()>(()));
+                }
+                *handed.lock().unwrap() = Some(cx.waker().clone());
+                Poll::Pending
+            })
+        };
+        let mut guarded = std::pin::pin!(
+            registry
+                .controller("web", "Widget")
+                .guard(ObjectKey::cluster("a"), reconcile)
+        );
+        let task = Arc::new(CountingWaker::default());
+        let task_waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&task_waker);
+        assert!(guarded.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(registry.snapshot()[0].poll, PollState::Awaiting);
+
+        // Woken from another thread; the executor has not polled it yet.
+        let waker = handed.lock().unwrap().take().unwrap();
+        std::thread::spawn(move || waker.wake()).join().unwrap();
+        assert_eq!(task.wakes(), 1, "the wake reaches the task");
+        assert!(
+            matches!(registry.snapshot()[0].poll, PollState::Woken { .. }),
+            "{:?}",
+            registry.snapshot()[0].poll
+        );
+
+        // Polled again: no longer woken-not-polled.
+        assert!(guarded.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(registry.snapshot()[0].poll, PollState::Awaiting);
+
+        // A cancel request still reaches the task through the registered waker.
+        let id = registry.snapshot()[0].id;
+        assert!(registry.request_cancel(id));
+        assert_eq!(task.wakes(), 2);
+        assert!(matches!(
+            guarded.as_mut().poll(&mut cx),
+            Poll::Ready(Err(crate::guard::Error::Cancelled { .. }))
+        ));
+        assert!(registry.is_empty());
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    #[derive(Default)]
+    struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+    impl CountingWaker {
+        fn wakes(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}

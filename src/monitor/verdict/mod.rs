@@ -451,6 +451,10 @@ impl Verdict {
         // the runtime is stalled, those that wait are its victims, not hangs of their own.
         let runtime_stalled =
             runtime_heartbeat_age.is_some_and(|age| age > self.config.runtime_stall_threshold);
+        // The heartbeat beats every half interval: two beats missed, and a wake that
+        // never came may be the runtime's doing (its timers stopped), not the await's.
+        let runtime_late =
+            !runtime_stalled && runtime_heartbeat_age.is_some_and(|age| age > self.config.interval);
         let mut seen = HashSet::new();
         let mut victims = Vec::new();
         for reconcile in in_flight {
@@ -460,7 +464,7 @@ impl Verdict {
             seen.insert(reconcile.id);
             self.judge_overdue(
                 reconcile,
-                runtime_stalled,
+                (runtime_stalled, runtime_late),
                 now,
                 &mut decision,
                 &mut lines,
@@ -492,7 +496,7 @@ impl Verdict {
     fn judge_overdue(
         &mut self,
         reconcile: &InFlight,
-        runtime_stalled: bool,
+        (runtime_stalled, runtime_late): (bool, bool),
         now: Instant,
         decision: &mut Decision,
         lines: &mut Lines,
@@ -500,6 +504,20 @@ impl Verdict {
     ) {
         let elapsed = reconcile.elapsed(now);
         let state = HangState::of(reconcile, runtime_stalled);
+        // A new await that never woke, while the runtime's heartbeat is late: judged
+        // once the runtime either stalls (then it is a victim) or beats again (then it
+        // is a hang of its own), which the stall threshold bounds. Liveness meanwhile
+        // is as for any hang.
+        if runtime_late && state == HangState::Awaiting && !self.tracked.contains_key(&reconcile.id)
+        {
+            decision.overdue.push(Overdue {
+                reconcile: reconcile.clone(),
+                state: HangState::Starved,
+                elapsed,
+                fails_liveness: self.config.policy == HangPolicy::Restart,
+            });
+            return;
+        }
         let deadlines = deadlines_crossed(elapsed, reconcile.deadline);
         let policy = self.config.policy;
         let interval = self.config.interval;
@@ -717,8 +735,19 @@ impl Verdict {
     /// since a few of a thousand reminders tell nothing the summary does not.
     fn spend_budget(&mut self, lines: Lines, now: Instant, decision: &mut Decision) {
         let every = self.config.summary_every;
+        // The budget goes to the likeliest culprits first: hangs inside a poll, then
+        // awaits, then victims.
+        let mut hung = lines.hung;
+        hung.sort_by_key(|e| match e {
+            Event::Hung { state, .. } => match state {
+                HangState::InPoll => 0,
+                HangState::Awaiting => 1,
+                HangState::Starved => 2,
+            },
+            _ => 3,
+        });
         let kinds = [
-            (SummaryKind::Hung, lines.hung),
+            (SummaryKind::Hung, hung),
             (SummaryKind::Ended, lines.ended),
             (SummaryKind::StillHung, lines.still_hung),
         ];
@@ -1496,6 +1525,78 @@ mod tests {
             38
         );
         assert_eq!(d.newly_hung.len(), 39, "the victims are counted too");
+    }
+
+    #[test]
+    fn a_new_await_is_judged_once_a_late_heartbeat_stalls_or_beats_again() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            interval: SECOND / 4,
+            runtime_stall_threshold: 3 * SECOND,
+            ..Config::default()
+        });
+        let a = reconcile(1, "web", "a", SECOND, t0);
+        let b = reconcile(2, "web", "b", SECOND, t0);
+        // The heartbeat is two beats late: no report yet, but liveness is as for a hang.
+        let d = v.step(
+            std::slice::from_ref(&a),
+            vec![],
+            Some(SECOND),
+            t0 + 2 * SECOND,
+        );
+        assert!(
+            d.events.is_empty() && d.newly_hung.is_empty(),
+            "{:?}",
+            d.events
+        );
+        assert_eq!(d.overdue[0].state, HangState::Starved);
+        assert!(d.reconcilers_failure.is_some());
+        // It beats again: a hang of its own.
+        let d = v.step(
+            std::slice::from_ref(&a),
+            vec![],
+            Some(SECOND / 10),
+            t0 + 3 * SECOND,
+        );
+        assert!(matches!(
+            &d.events[..],
+            [Event::Hung {
+                state: HangState::Awaiting,
+                ..
+            }]
+        ));
+        // Another, late again, then the runtime stalls: a victim.
+        let both = [a, b];
+        let d = v.step(&both, vec![], Some(2 * SECOND), t0 + 4 * SECOND);
+        assert!(
+            !d.events.iter().any(|e| matches!(e, Event::Hung { .. })),
+            "{:?}",
+            d.events
+        );
+        let d = v.step(&both, vec![], Some(4 * SECOND), t0 + 6 * SECOND);
+        assert!(
+            d.events
+                .iter()
+                .any(|e| matches!(e, Event::StallVictims { count: 1, listed, .. } if listed.contains("ns/b"))),
+            "{:?}",
+            d.events
+        );
+        assert!(!d.events.iter().any(|e| matches!(e, Event::Hung { .. })));
+    }
+
+    #[test]
+    fn the_burst_goes_to_hangs_inside_a_poll_first() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            report_burst: 1,
+            ..Config::default()
+        });
+        let mut all: Vec<InFlight> = (0..5)
+            .map(|i| reconcile(i, "web", &format!("w-{i}"), SECOND, t0))
+            .collect();
+        all.push(in_poll(reconcile(9, "db", "stuck", SECOND, t0), t0));
+        let d = v.step(&all, vec![], None, t0 + 2 * SECOND);
+        assert_eq!(hung_ids(&d), vec![9]);
     }
 
     #[test]
