@@ -9,6 +9,7 @@ mod detection;
 mod http;
 mod insert_latency;
 mod instructions;
+mod mass;
 mod memory;
 mod overhead;
 mod probe_load;
@@ -104,6 +105,21 @@ fn main() {
         }
         return;
     }
+    if args.first().map(String::as_str) == Some("mass") {
+        // `mass OVERDUE SECONDS`: reconciles overdue at once, scanned for SECONDS.
+        let [overdue, seconds] = &args[1..] else {
+            panic!("usage: mass OVERDUE SECONDS");
+        };
+        let overdue = overdue.parse().expect("a reconcile count");
+        let seconds = seconds.parse().expect("a number of seconds");
+        let mut mass = mass::run(
+            overdue,
+            Duration::from_millis(20),
+            Duration::from_secs(seconds),
+        );
+        println!("{}", mass.summary());
+        return;
+    }
     let full = support::benchmarking();
     let plan = if full { Plan::full() } else { Plan::quick() };
     let load_before = report::load_average();
@@ -119,6 +135,17 @@ fn main() {
         plan.overhead_rounds
     );
     let overhead = overhead::run(plan.overhead_rounds, plan.overhead_ops);
+    // Mass failure (its figures are in docs/performance.md's section of their own).
+    let (overdue, scanned_for) = if full {
+        (10_000, Duration::from_secs(5))
+    } else {
+        (200, Duration::from_millis(300))
+    };
+    eprintln!("mass failure: {overdue} overdue at once");
+    eprintln!(
+        "{}",
+        mass::run(overdue, Duration::from_millis(20), scanned_for).summary()
+    );
     let instructions = plan.instruction_ops.map(|n| {
         eprintln!(
             "instructions: callgrind, {n} and {} reconciles per run",
