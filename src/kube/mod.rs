@@ -51,8 +51,11 @@
 //!         .watch_runtime(tokio::runtime::Handle::current())
 //!         .start()?;
 //!
-//!     // 2. Your controllers, run under it.
-//!     let client = Client::try_default().await?;
+//!     // 2. Your controllers, run under it; the watchdog asks the same API server whether
+//!     //    it answers at all (an outage fails readiness, not liveness).
+//!     let config = kube::Config::infer().await?;
+//!     watchdog.api_server().watch(config.clone())?;
+//!     let client = Client::try_from(config)?;
 //!     let shutdown = CancellationToken::new();
 //!     let controllers = Controllers::new(&watchdog, shutdown.clone()).add(
 //!         "configmaps",
