@@ -696,4 +696,34 @@ mod tests {
             StatusCode::NOT_FOUND
         );
     }
+
+    #[test]
+    fn api_server_reachability_is_shown_once_checked() {
+        let status = Arc::new(ApiServerStatus::default());
+        let metrics = Metrics::with_api_server(Arc::new(Health::new()), Arc::clone(&status));
+        assert!(!metrics.encode().contains("api_server"));
+        let t0 = Instant::now();
+        status.record(Err("no answer".into()), t0 - Duration::from_secs(3));
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "reconcile_watchdog_api_server_reachable "),
+            Some("0"),
+            "{text}"
+        );
+        let outage: f64 = line(
+            &text,
+            "reconcile_watchdog_api_server_unreachable_seconds_total ",
+        )
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+        assert!(outage >= 3.0, "{text}");
+        status.record(Ok(()), Instant::now());
+        assert_eq!(
+            line(
+                &metrics.encode(),
+                "reconcile_watchdog_api_server_reachable "
+            ),
+            Some("1")
+        );
+    }
 }

@@ -188,8 +188,9 @@ impl WatchdogArgs {
     }
 }
 
+/// A flag's duration as given (exact: `1ns` stays `1ns`).
 fn fmt(d: Duration) -> String {
-    crate::monitor::verdict::fmt_duration(d)
+    humantime::format_duration(d).to_string()
 }
 
 /// `--on-hang`.
@@ -354,6 +355,68 @@ mod tests {
             metrics_address("nope")
                 .unwrap_err()
                 .contains("or 0 to disable")
+        );
+    }
+
+    fn args(flags: &[&str]) -> WatchdogArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            watchdog: WatchdogArgs,
+        }
+        let mut argv = vec!["test"];
+        argv.extend_from_slice(flags);
+        <Cli as clap::Parser>::try_parse_from(argv)
+            .expect("the flags parse")
+            .watchdog
+    }
+
+    #[test]
+    fn flags_that_cannot_work_together_are_refused_naming_both() {
+        let demo = Defaults::DEMO;
+        assert_eq!(args(&[]).check(demo), Ok(()));
+        assert_eq!(args(&[]).check(Defaults::RUN), Ok(()));
+
+        let err = args(&["--runtime-stall-threshold", "100ms"])
+            .check(demo)
+            .unwrap_err();
+        assert!(
+            err.contains("--runtime-stall-threshold 100ms")
+                && err.contains("--watchdog-interval 500ms")
+                && err.contains("(250ms)"),
+            "{err}"
+        );
+        let err = args(&["--watchdog-interval", "1ns"])
+            .check(demo)
+            .unwrap_err();
+        assert!(
+            err.starts_with("--watchdog-interval 1ns is too short"),
+            "{err}"
+        );
+        assert!(
+            args(&[
+                "--watchdog-interval",
+                "2ms",
+                "--runtime-stall-threshold",
+                "3s"
+            ])
+            .check(demo)
+            .is_ok()
+        );
+
+        let err = args(&["--reconcile-deadline-for", "fast=600ms"])
+            .check(demo)
+            .unwrap_err();
+        assert!(
+            err.contains("--watchdog-interval 500ms")
+                && err.contains("--reconcile-deadline-for fast=600ms")
+                && err.contains("at most 300ms"),
+            "{err}"
+        );
+        assert!(
+            args(&["--reconcile-deadline-for", "fast=1s"])
+                .check(demo)
+                .is_ok()
         );
     }
 }

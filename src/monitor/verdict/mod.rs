@@ -737,15 +737,22 @@ impl Verdict {
         let every = self.config.summary_every;
         // The budget goes to the likeliest culprits first: hangs inside a poll, then
         // awaits, then victims.
-        let mut hung = lines.hung;
-        hung.sort_by_key(|e| match e {
-            Event::Hung { state, .. } => match state {
-                HangState::InPoll => 0,
-                HangState::Awaiting => 1,
-                HangState::Starved => 2,
-            },
-            _ => 3,
-        });
+        let mut by_state: [Vec<Event>; 3] = Default::default();
+        for event in lines.hung {
+            let rank = match &event {
+                Event::Hung {
+                    state: HangState::InPoll,
+                    ..
+                } => 0,
+                Event::Hung {
+                    state: HangState::Awaiting,
+                    ..
+                } => 1,
+                _ => 2,
+            };
+            by_state[rank].push(event);
+        }
+        let hung: Vec<Event> = by_state.into_iter().flatten().collect();
         let kinds = [
             (SummaryKind::Hung, hung),
             (SummaryKind::Ended, lines.ended),
