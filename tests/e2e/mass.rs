@@ -86,6 +86,7 @@ fn emulator_150_black_holed_objects_keep_probes_and_logs_bounded() {
     );
 
     let deadline = Duration::from_secs(2);
+    let operator_started = Instant::now();
     let operator = Operator::start(&cluster, deadline, &[]);
     let ns = cluster.namespace.clone();
     assert!(
@@ -167,9 +168,12 @@ fn emulator_150_black_holed_objects_keep_probes_and_logs_bounded() {
         loud.len(),
         all_overdue.elapsed()
     );
+    // The burst of 10, and the rate of 6 a minute for hangs that came in later scans.
+    let minutes = operator_started.elapsed().as_secs() / 60 + 1;
+    let budget = 10 + 6 * minutes as usize;
     assert!(
-        individual <= 10,
-        "{individual} individual hang reports, over the burst of 10"
+        individual <= budget,
+        "{individual} individual hang reports, over the budget of {budget}"
     );
     assert!(
         loud.len() < 50,
