@@ -351,10 +351,15 @@ impl monitor::Observer for Metrics {
             }
         }
 
-        // Every new hang, whether or not its report fitted the report budget.
+        // Every new hang, whether or not its report fitted the report budget; counted
+        // per series first, so that a mass hang takes one lookup per controller.
+        let mut newly: HashMap<(&str, HangState), u64> = HashMap::new();
         for (controller, state) in &scan.decision.newly_hung {
+            *newly.entry((controller, *state)).or_default() += 1;
+        }
+        for ((controller, state), n) in newly {
             self.with_series(controller, |s| {
-                s.hangs(*state).inc();
+                s.hangs(state).inc_by(n);
             });
         }
         for event in &scan.decision.events {

@@ -25,13 +25,13 @@ const ITEM_BYTES: usize = 256;
 /// let text = name_few(&running, 2, "; ", |r| r.2, |r| format!("{} {}", r.0, r.1), |r| r.0);
 /// assert_eq!(text, "web a; db c; and 1 more: web 1");
 /// ```
-pub fn name_few<T, R, G>(
-    items: &[T],
+pub fn name_few<'a, T, R, G>(
+    items: &'a [T],
     few: usize,
     separator: &str,
     first: impl Fn(&T) -> R,
     name: impl Fn(&T) -> String,
-    group: impl Fn(&T) -> G,
+    group: impl Fn(&'a T) -> G,
 ) -> String
 where
     R: Ord,

@@ -2,6 +2,7 @@
 //! rate across scans; what is over it is counted into one summary per kind.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Summary, SummaryKind};
@@ -73,12 +74,13 @@ impl Budget {
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     count: usize,
-    by_group: BTreeMap<String, usize>,
+    /// Counts per (controller, state or outcome).
+    by_group: BTreeMap<(Arc<str>, &'static str), usize>,
     last_summary: Option<Instant>,
 }
 
 impl Pending {
-    pub(super) fn add(&mut self, group: String) {
+    pub(super) fn add(&mut self, group: (Arc<str>, &'static str)) {
         self.count += 1;
         *self.by_group.entry(group).or_default() += 1;
     }
@@ -100,12 +102,13 @@ impl Pending {
         }
         self.last_summary = Some(now);
         let by_group = std::mem::take(&mut self.by_group);
-        let groups: Vec<(String, usize)> = by_group.into_iter().collect();
         Some(Summary {
             kind,
             count: std::mem::take(&mut self.count),
             by_group: crate::monitor::summary::count_groups(
-                groups.iter().map(|(g, n)| (g.as_str(), *n)),
+                by_group
+                    .iter()
+                    .map(|((controller, state), n)| (super::Group(controller, state), *n)),
             ),
         })
     }

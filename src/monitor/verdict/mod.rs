@@ -14,12 +14,12 @@
 
 mod budget;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::guard::{Ended, InFlight, ObjectKey, Outcome, PollState};
+use crate::guard::{BuildIdHasher, Ended, InFlight, ObjectKey, Outcome, PollState};
 use crate::monitor::summary::{NAMED, name_few};
 
 use budget::{Budget, Pending};
@@ -338,6 +338,8 @@ pub struct Decision {
 /// What the verdict remembers of one reported reconcile.
 #[derive(Debug)]
 struct Tracked {
+    /// The latest scan that saw it overdue.
+    seen: u64,
     /// The highest multiple of the deadline already reported.
     deadlines: u32,
     /// When the cancel policy asked it to stop.
@@ -357,7 +359,9 @@ struct Lines {
 #[derive(Debug)]
 pub struct Verdict {
     config: Config,
-    tracked: HashMap<u64, Tracked>,
+    /// Scans so far: what `Tracked::seen` counts in.
+    scans: u64,
+    tracked: HashMap<u64, Tracked, BuildIdHasher>,
     /// Recent cancellations per (controller, object), oldest first.
     cancels: HashMap<(Arc<str>, ObjectKey), VecDeque<Instant>>,
     /// Since when the runtime's heartbeat has been stale, as far as the scans saw.
@@ -379,7 +383,8 @@ impl Verdict {
         Self {
             budget: Budget::new(config.report_burst, config.reports_per_minute),
             config,
-            tracked: HashMap::new(),
+            scans: 0,
+            tracked: HashMap::default(),
             cancels: HashMap::new(),
             runtime_stalled_since: None,
             api_server: ApiServer::NotChecked,
@@ -455,13 +460,12 @@ impl Verdict {
         // never came may be the runtime's doing (its timers stopped), not the await's.
         let runtime_late =
             !runtime_stalled && runtime_heartbeat_age.is_some_and(|age| age > self.config.interval);
-        let mut seen = HashSet::new();
+        self.scans += 1;
         let mut victims = Vec::new();
         for reconcile in in_flight {
             if !reconcile.is_overdue(now) {
                 continue;
             }
-            seen.insert(reconcile.id);
             self.judge_overdue(
                 reconcile,
                 (runtime_stalled, runtime_late),
@@ -473,7 +477,8 @@ impl Verdict {
         }
         // Whatever we tracked that is gone ended without us hearing of it (it finished
         // between the snapshot and its marking): nothing left to remember.
-        self.tracked.retain(|id, _| seen.contains(id));
+        let scan = self.scans;
+        self.tracked.retain(|_, tracked| tracked.seen == scan);
 
         // 3. Liveness: the oldest few that fail it named, the rest counted; objects
         // cancelled too often are named first (a restart is the honest answer).
@@ -526,10 +531,12 @@ impl Verdict {
         let tracked = self.tracked.entry(reconcile.id);
         let first = matches!(tracked, std::collections::hash_map::Entry::Vacant(_));
         let tracked = tracked.or_insert(Tracked {
+            seen: 0,
             deadlines: 0,
             cancel_requested_at: None,
             escalated: false,
         });
+        tracked.seen = self.scans;
 
         let action = match policy {
             HangPolicy::Restart => Action::FailLiveness,
@@ -637,9 +644,9 @@ impl Verdict {
                 }
             },
             |f| match f {
-                Failure::Overdue(o) => format!("{} {}", o.reconcile.controller, o.state),
+                Failure::Overdue(o) => Group(&o.reconcile.controller, o.state.as_str()),
                 Failure::CancelledTooOften(controller, ..) => {
-                    format!("{controller} cancelled too often")
+                    Group(controller, "cancelled too often")
                 }
             },
         ))
@@ -777,17 +784,28 @@ impl Verdict {
     }
 }
 
+/// A controller and a state (or outcome): what lists and summaries count by, compared
+/// and shown without an allocation per reconcile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Group<'a>(pub(crate) &'a str, pub(crate) &'static str);
+
+impl fmt::Display for Group<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.0, self.1)
+    }
+}
+
 /// The controller and state (or outcome) a summary counts `event` under.
-fn group_of(event: &Event) -> String {
+fn group_of(event: &Event) -> (Arc<str>, &'static str) {
     match event {
         Event::Hung {
             reconcile, state, ..
         }
         | Event::StillHung {
             reconcile, state, ..
-        } => format!("{} {state}", reconcile.controller),
-        Event::Ended(end) => format!("{} {}", end.reconcile.controller, end.outcome),
-        _ => "other".into(),
+        } => (Arc::clone(&reconcile.controller), state.as_str()),
+        Event::Ended(end) => (Arc::clone(&end.reconcile.controller), end.outcome.as_str()),
+        _ => (Arc::from("other"), "events"),
     }
 }
 
@@ -798,7 +816,7 @@ fn stall_victims(victims: Vec<InFlight>, now: Instant) -> Event {
         "; ",
         |r| r.elapsed(now),
         |r| describe_starved(r, now),
-        |r| format!("{} starved", r.controller),
+        |r| Group(&r.controller, HangState::Starved.as_str()),
     );
     let count = victims.len();
     let mut named = victims;
