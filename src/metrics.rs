@@ -336,8 +336,21 @@ impl monitor::Observer for Metrics {
         for (controller, n) in scan.in_flight_by_controller {
             counts.entry(controller).or_default().0 += i64::try_from(*n).unwrap_or(i64::MAX);
         }
+        // Controllers are few and their names shared: count overdue by the name's
+        // address, then hash each name once (linear when thousands are overdue).
+        let mut overdue_by: Vec<(&Arc<str>, i64)> = Vec::new();
         for overdue in &scan.decision.overdue {
-            counts.entry(&overdue.reconcile.controller).or_default().1 += 1;
+            let controller = &overdue.reconcile.controller;
+            match overdue_by
+                .iter_mut()
+                .find(|(c, _)| Arc::ptr_eq(c, controller))
+            {
+                Some((_, n)) => *n += 1,
+                None => overdue_by.push((controller, 1)),
+            }
+        }
+        for (controller, n) in overdue_by {
+            counts.entry(controller).or_default().1 += n;
         }
         for controller in counts.keys() {
             self.add_controller(controller);

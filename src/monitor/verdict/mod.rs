@@ -347,12 +347,85 @@ struct Tracked {
     escalated: bool,
 }
 
-/// Per-reconcile lines of one scan, before the budget decides which are written.
+/// A per-reconcile line of one scan, before the budget decides whether it is written:
+/// its event is made (and the reconcile copied) only if it is.
+enum Line<'a> {
+    Hung {
+        reconcile: &'a InFlight,
+        state: HangState,
+        action: Action,
+    },
+    StillHung {
+        reconcile: &'a InFlight,
+        state: HangState,
+        deadlines: u32,
+        action: Action,
+    },
+    Ended(Ended),
+}
+
+impl Line<'_> {
+    fn into_event(self) -> Event {
+        match self {
+            Self::Hung {
+                reconcile,
+                state,
+                action,
+            } => Event::Hung {
+                reconcile: reconcile.clone(),
+                state,
+                action,
+            },
+            Self::StillHung {
+                reconcile,
+                state,
+                deadlines,
+                action,
+            } => Event::StillHung {
+                reconcile: reconcile.clone(),
+                state,
+                deadlines,
+                action,
+            },
+            Self::Ended(end) => Event::Ended(end),
+        }
+    }
+
+    /// The controller and state (or outcome) a summary counts it under.
+    fn group(&self) -> (Arc<str>, &'static str) {
+        match self {
+            Self::Hung {
+                reconcile, state, ..
+            }
+            | Self::StillHung {
+                reconcile, state, ..
+            } => (Arc::clone(&reconcile.controller), state.as_str()),
+            Self::Ended(end) => (Arc::clone(&end.reconcile.controller), end.outcome.as_str()),
+        }
+    }
+
+    /// Who gets the budget first: hangs inside a poll, then awaits, then victims.
+    fn rank(&self) -> usize {
+        match self {
+            Self::Hung {
+                state: HangState::InPoll,
+                ..
+            } => 0,
+            Self::Hung {
+                state: HangState::Awaiting,
+                ..
+            } => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// Per-reconcile lines of one scan, by kind.
 #[derive(Default)]
-struct Lines {
-    hung: Vec<Event>,
-    ended: Vec<Event>,
-    still_hung: Vec<Event>,
+struct Lines<'a> {
+    hung: Vec<Line<'a>>,
+    ended: Vec<Line<'a>>,
+    still_hung: Vec<Line<'a>>,
 }
 
 /// The decision, with the memory it needs between scans.
@@ -430,7 +503,7 @@ impl Verdict {
                 self.cancels.entry(key.clone()).or_default().push_back(now);
                 cancelled_now.push(key);
             }
-            lines.ended.push(Event::Ended(end));
+            lines.ended.push(Line::Ended(end));
         }
         self.forget_old_cancels(now);
         // The cancellation that reaches the limit escalates, once, in the log too.
@@ -498,13 +571,13 @@ impl Verdict {
         decision
     }
 
-    fn judge_overdue(
+    fn judge_overdue<'a>(
         &mut self,
-        reconcile: &InFlight,
+        reconcile: &'a InFlight,
         (runtime_stalled, runtime_late): (bool, bool),
         now: Instant,
         decision: &mut Decision,
-        lines: &mut Lines,
+        lines: &mut Lines<'a>,
         victims: &mut Vec<InFlight>,
     ) {
         let elapsed = reconcile.elapsed(now);
@@ -584,16 +657,16 @@ impl Verdict {
             if state == HangState::Starved && runtime_stalled {
                 victims.push(reconcile.clone());
             } else {
-                lines.hung.push(Event::Hung {
-                    reconcile: reconcile.clone(),
+                lines.hung.push(Line::Hung {
+                    reconcile,
                     state,
                     action,
                 });
             }
         } else if deadlines > tracked.deadlines {
             tracked.deadlines = deadlines;
-            lines.still_hung.push(Event::StillHung {
-                reconcile: reconcile.clone(),
+            lines.still_hung.push(Line::StillHung {
+                reconcile,
                 state,
                 deadlines,
                 action,
@@ -740,42 +813,31 @@ impl Verdict {
     /// then reminders) and counts the rest into their kind's summary. New hangs are
     /// written up to the budget; ends and reminders only when all of a scan's fit,
     /// since a few of a thousand reminders tell nothing the summary does not.
-    fn spend_budget(&mut self, lines: Lines, now: Instant, decision: &mut Decision) {
+    fn spend_budget(&mut self, lines: Lines<'_>, now: Instant, decision: &mut Decision) {
         let every = self.config.summary_every;
-        // The budget goes to the likeliest culprits first: hangs inside a poll, then
-        // awaits, then victims.
-        let mut by_state: [Vec<Event>; 3] = Default::default();
-        for event in lines.hung {
-            let rank = match &event {
-                Event::Hung {
-                    state: HangState::InPoll,
-                    ..
-                } => 0,
-                Event::Hung {
-                    state: HangState::Awaiting,
-                    ..
-                } => 1,
-                _ => 2,
-            };
-            by_state[rank].push(event);
+        let mut by_rank: [Vec<Line<'_>>; 3] = Default::default();
+        for line in lines.hung {
+            by_rank[line.rank()].push(line);
         }
-        let hung: Vec<Event> = by_state.into_iter().flatten().collect();
+        let hung: Vec<Line<'_>> = by_rank.into_iter().flatten().collect();
         let kinds = [
             (SummaryKind::Hung, hung),
             (SummaryKind::Ended, lines.ended),
             (SummaryKind::StillHung, lines.still_hung),
         ];
-        for (index, (kind, events)) in kinds.into_iter().enumerate() {
+        for (index, (kind, kind_lines)) in kinds.into_iter().enumerate() {
             let written = match kind {
-                SummaryKind::Hung => self.budget.take(events.len(), now),
+                SummaryKind::Hung => self.budget.take(kind_lines.len(), now),
                 SummaryKind::Ended | SummaryKind::StillHung => {
-                    self.budget.take_all(events.len(), now)
+                    self.budget.take_all(kind_lines.len(), now)
                 }
             };
-            let mut events = events.into_iter();
-            decision.events.extend(events.by_ref().take(written));
-            for event in events {
-                self.pending[index].add(group_of(&event));
+            let mut kind_lines = kind_lines.into_iter();
+            decision
+                .events
+                .extend(kind_lines.by_ref().take(written).map(Line::into_event));
+            for line in kind_lines {
+                self.pending[index].add(line.group());
             }
             if let Some(summary) = self.pending[index].flush(kind, every, now) {
                 decision.events.push(Event::Summary(summary));
@@ -792,20 +854,6 @@ pub(crate) struct Group<'a>(pub(crate) &'a str, pub(crate) &'static str);
 impl fmt::Display for Group<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.0, self.1)
-    }
-}
-
-/// The controller and state (or outcome) a summary counts `event` under.
-fn group_of(event: &Event) -> (Arc<str>, &'static str) {
-    match event {
-        Event::Hung {
-            reconcile, state, ..
-        }
-        | Event::StillHung {
-            reconcile, state, ..
-        } => (Arc::clone(&reconcile.controller), state.as_str()),
-        Event::Ended(end) => (Arc::clone(&end.reconcile.controller), end.outcome.as_str()),
-        _ => (Arc::from("other"), "events"),
     }
 }
 
