@@ -361,7 +361,7 @@ enum Line<'a> {
         deadlines: u32,
         action: Action,
     },
-    Ended(Ended),
+    Ended(Box<Ended>),
 }
 
 impl Line<'_> {
@@ -387,7 +387,7 @@ impl Line<'_> {
                 deadlines,
                 action,
             },
-            Self::Ended(end) => Event::Ended(end),
+            Self::Ended(end) => Event::Ended(*end),
         }
     }
 
@@ -503,7 +503,7 @@ impl Verdict {
                 self.cancels.entry(key.clone()).or_default().push_back(now);
                 cancelled_now.push(key);
             }
-            lines.ended.push(Line::Ended(end));
+            lines.ended.push(Line::Ended(Box::new(end)));
         }
         self.forget_old_cancels(now);
         // The cancellation that reaches the limit escalates, once, in the log too.
