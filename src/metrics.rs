@@ -343,7 +343,7 @@ impl monitor::Observer for Metrics {
             let controller = &overdue.reconcile.controller;
             match overdue_by
                 .iter_mut()
-                .find(|(c, _)| Arc::ptr_eq(c, controller))
+                .find(|(c, _)| crate::monitor::summary::same_name(c, controller))
             {
                 Some((_, n)) => *n += 1,
                 None => overdue_by.push((controller, 1)),
@@ -366,11 +366,17 @@ impl monitor::Observer for Metrics {
 
         // Every new hang, whether or not its report fitted the report budget; counted
         // per series first, so that a mass hang takes one lookup per controller.
-        let mut newly: HashMap<(&str, HangState), u64> = HashMap::new();
+        let mut newly: Vec<(&Arc<str>, HangState, u64)> = Vec::new();
         for (controller, state) in &scan.decision.newly_hung {
-            *newly.entry((controller, *state)).or_default() += 1;
+            match newly
+                .iter_mut()
+                .find(|(c, s, _)| s == state && crate::monitor::summary::same_name(c, controller))
+            {
+                Some((_, _, n)) => *n += 1,
+                None => newly.push((controller, *state, 1)),
+            }
         }
-        for ((controller, state), n) in newly {
+        for (controller, state, n) in newly {
             self.with_series(controller, |s| {
                 s.hangs(state).inc_by(n);
             });

@@ -52,13 +52,13 @@ pub struct InsertLatency {
 
 /// The calling thread's counts of voluntary and involuntary context switches, from
 /// `/proc/thread-self/status` (read with `pread`, so the file is opened once per thread).
-struct Switches {
+pub struct Switches {
     status: File,
     buf: Vec<u8>,
 }
 
 impl Switches {
-    fn for_this_thread() -> Self {
+    pub fn for_this_thread() -> Self {
         Self {
             status: File::open("/proc/thread-self/status")
                 .expect("/proc/thread-self/status: the registration bench needs Linux"),
@@ -67,7 +67,7 @@ impl Switches {
     }
 
     /// (voluntary, involuntary).
-    fn count(&mut self) -> (u64, u64) {
+    pub fn count(&mut self) -> (u64, u64) {
         let n = self.status.read_at(&mut self.buf, 0).expect("read status");
         let text = std::str::from_utf8(&self.buf[..n]).expect("status is text");
         let field = |name: &str| {

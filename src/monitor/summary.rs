@@ -116,6 +116,12 @@ pub fn clip(mut text: String, max: usize) -> String {
     text
 }
 
+/// Whether two names are the same: by address first (a controller's reconciles share
+/// one), by text otherwise.
+pub(crate) fn same_name(a: &std::sync::Arc<str>, b: &std::sync::Arc<str>) -> bool {
+    std::sync::Arc::ptr_eq(a, b) || **a == **b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

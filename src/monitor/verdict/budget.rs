@@ -1,7 +1,6 @@
 //! The report budget: how many per-reconcile lines the log gets, a burst per scan and a
 //! rate across scans; what is over it is counted into one summary per kind.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,15 +73,23 @@ impl Budget {
 #[derive(Debug, Default)]
 pub(super) struct Pending {
     count: usize,
-    /// Counts per (controller, state or outcome).
-    by_group: BTreeMap<(Arc<str>, &'static str), usize>,
+    /// Counts per (controller, state or outcome); controllers are few, and told apart
+    /// by their name's address.
+    by_group: Vec<(Arc<str>, &'static str, usize)>,
     last_summary: Option<Instant>,
 }
 
 impl Pending {
-    pub(super) fn add(&mut self, group: (Arc<str>, &'static str)) {
+    pub(super) fn add(&mut self, (controller, state): (Arc<str>, &'static str)) {
         self.count += 1;
-        *self.by_group.entry(group).or_default() += 1;
+        match self
+            .by_group
+            .iter_mut()
+            .find(|(c, s, _)| *s == state && crate::monitor::summary::same_name(c, &controller))
+        {
+            Some((_, _, n)) => *n += 1,
+            None => self.by_group.push((controller, state, 1)),
+        }
     }
 
     /// The summary of what is pending, when there is some and the last summary of this
@@ -101,14 +108,16 @@ impl Pending {
             return None;
         }
         self.last_summary = Some(now);
-        let by_group = std::mem::take(&mut self.by_group);
+        let mut by_group = std::mem::take(&mut self.by_group);
+        // In a stable order for equal counts: by name, then state.
+        by_group.sort_by(|a, b| (&*a.0, a.1).cmp(&(&*b.0, b.1)));
         Some(Summary {
             kind,
             count: std::mem::take(&mut self.count),
             by_group: crate::monitor::summary::count_groups(
                 by_group
                     .iter()
-                    .map(|((controller, state), n)| (super::Group(controller, state), *n)),
+                    .map(|(controller, state, n)| (super::Group(controller, state), *n)),
             ),
         })
     }

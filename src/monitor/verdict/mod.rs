@@ -534,6 +534,9 @@ impl Verdict {
         let runtime_late =
             !runtime_stalled && runtime_heartbeat_age.is_some_and(|age| age > self.config.interval);
         self.scans += 1;
+        // A mass hang tracks thousands at once: grow the map once, not by doubling.
+        self.tracked
+            .reserve(in_flight.len().saturating_sub(self.tracked.len()));
         let mut victims = Vec::new();
         for reconcile in in_flight {
             if !reconcile.is_overdue(now) {
