@@ -140,10 +140,12 @@ impl LeaseLock {
         version: Option<String>,
         spec: &LeaseSpec,
     ) -> Result<Attempt, kube::Error> {
-        let patch = json!({
-            "metadata": { "resourceVersion": version },
-            "spec": spec,
-        });
+        // Without a version read there is no precondition to give: a real server
+        // always returns one, so this is a create racing a delete at worst.
+        let patch = match version {
+            Some(version) => json!({ "metadata": { "resourceVersion": version }, "spec": spec }),
+            None => json!({ "spec": spec }),
+        };
         match self
             .api
             .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
