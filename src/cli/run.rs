@@ -62,7 +62,7 @@ pub struct LeaderElectArgs {
     )]
     pub leader_elect_resource_name: String,
 
-    /// The namespace of the Lease [default: POD_NAMESPACE, else the service account's namespace; required outside a cluster]
+    /// The namespace of the Lease; unset, POD_NAMESPACE, else the service account's namespace (so required outside a cluster)
     #[arg(
         long,
         env = "RECONCILE_WATCHDOG_LEADER_ELECT_RESOURCE_NAMESPACE",
