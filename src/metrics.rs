@@ -717,6 +717,57 @@ mod tests {
     }
 
     #[test]
+    fn leader_election_series() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        assert!(
+            !metrics.encode().contains("lease_renewal_age"),
+            "no age before a lease is watched"
+        );
+        metrics.set_leader("pod-a_x1", false);
+        metrics.lease_renewal(true);
+        metrics.lease_renewal(true);
+        metrics.lease_renewal(false);
+        let age = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(1500))));
+        let read = Arc::clone(&age);
+        metrics.watch_lease_renewal_age(move || *read.lock().unwrap());
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "reconcile_watchdog_leader{identity=\"pod-a_x1\"}"),
+            Some("0")
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_lease_renewals_total{result=\"success\"}"
+            ),
+            Some("2")
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_lease_renewals_total{result=\"failure\"}"
+            ),
+            Some("1")
+        );
+        assert!(
+            text.contains("# TYPE reconcile_watchdog_lease_renewal_age_seconds gauge\n"),
+            "{text}"
+        );
+        assert_eq!(
+            line(&text, "reconcile_watchdog_lease_renewal_age_seconds "),
+            Some("1.5")
+        );
+        metrics.set_leader("pod-a_x1", true);
+        *age.lock().unwrap() = None;
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "reconcile_watchdog_leader{identity=\"pod-a_x1\"}"),
+            Some("1")
+        );
+        assert!(!text.contains("lease_renewal_age_seconds "), "{text}");
+    }
+
+    #[test]
     fn serves_only_get_and_head_of_metrics() {
         let metrics = Metrics::new(Arc::new(Health::new()));
         let r = metrics.respond(&Method::GET, "/metrics");

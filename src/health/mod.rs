@@ -389,6 +389,34 @@ mod tests {
         );
     }
 
+    struct Role;
+
+    impl Check for Role {
+        fn name(&self) -> &str {
+            "role"
+        }
+        fn check(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn detail(&self) -> Result<Option<String>, String> {
+            Ok(Some("follower, holder pod-a".into()))
+        }
+    }
+
+    #[test]
+    fn verbose_shows_the_detail_of_a_passing_check() {
+        let health = Health::new();
+        health.readiness.add(Arc::new(Role));
+        let text = health.readiness.run(&[]).to_string();
+        assert!(
+            text.contains("[+]role ok: follower, holder pod-a\n"),
+            "{text}"
+        );
+        assert!(text.contains("[+]ping ok\n"), "{text}");
+        let excluded = health.readiness.run(&["role".into()]).to_string();
+        assert!(excluded.contains("[+]role excluded: ok\n"), "{excluded}");
+    }
+
     #[test]
     fn exclude_skips_and_warns_on_unknown_names() {
         let health = Health::new();
