@@ -90,7 +90,7 @@ fn holder(cluster: &Cluster) -> Option<String> {
 }
 
 #[test]
-fn emulator_ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
+fn ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
     let cluster = Cluster::start("ha_frozen");
     cluster.create("first", None);
     let a = start(&cluster);
@@ -182,7 +182,7 @@ fn emulator_ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
 }
 
 #[test]
-fn emulator_ha_sigterm_on_the_leader_releases_the_lease_to_a_follower() {
+fn ha_sigterm_on_the_leader_releases_the_lease_to_a_follower() {
     let cluster = Cluster::start("ha_sigterm");
     cluster.create("app", None);
     let a = start(&cluster);
