@@ -117,7 +117,9 @@ fn ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
     let (status, body) = leader.get("/healthz?verbose").unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(
-        body.contains("[+]leader-election ok: leader, renewed"),
+        body.contains(&format!(
+            "[+]leader-election ok: leader, holder {leader_id}, renewed"
+        )),
         "{body}"
     );
     assert_eq!(follower.status("/healthz"), 200);

@@ -86,6 +86,7 @@ pub(crate) enum Role {
 /// tolerance` old (client-go's `HealthzAdaptor`). `Ok` carries what `?verbose` shows.
 pub(crate) fn verdict(
     role: &Role,
+    identity: &str,
     lease_duration: Duration,
     tolerance: Duration,
     now: Instant,
@@ -105,7 +106,10 @@ pub(crate) fn verdict(
                     seconds(tolerance)
                 ))
             } else {
-                Ok(format!("leader, renewed {} ago", seconds(age)))
+                Ok(format!(
+                    "leader, holder {identity}, renewed {} ago",
+                    seconds(age)
+                ))
             }
         }
         Role::Lost { holder } => Err(format!(
@@ -192,14 +196,24 @@ mod tests {
                 &Role::Follower {
                     holder: Some("pod-a_x1".into())
                 },
+                "me",
                 LEASE,
                 TOLERANCE,
                 now
             ),
             Ok("follower, holder pod-a_x1".into())
         );
-        assert!(verdict(&Role::Candidate, LEASE, TOLERANCE, now).is_ok());
-        assert!(verdict(&Role::Follower { holder: None }, LEASE, TOLERANCE, now).is_ok());
+        assert!(verdict(&Role::Candidate, "me", LEASE, TOLERANCE, now).is_ok());
+        assert!(
+            verdict(
+                &Role::Follower { holder: None },
+                "me",
+                LEASE,
+                TOLERANCE,
+                now
+            )
+            .is_ok()
+        );
     }
 
     #[test]
@@ -207,13 +221,14 @@ mod tests {
         let renewed = Instant::now();
         let leader = Role::Leader { renewed };
         assert_eq!(
-            verdict(&leader, LEASE, TOLERANCE, renewed + secs(3)),
-            Ok("leader, renewed 3.0s ago".into())
+            verdict(&leader, "me", LEASE, TOLERANCE, renewed + secs(3)),
+            Ok("leader, holder me, renewed 3.0s ago".into())
         );
         // Exactly at the limit it still passes; a moment later it fails.
-        assert!(verdict(&leader, LEASE, TOLERANCE, renewed + LEASE + TOLERANCE).is_ok());
+        assert!(verdict(&leader, "me", LEASE, TOLERANCE, renewed + LEASE + TOLERANCE).is_ok());
         let reason = verdict(
             &leader,
+            "me",
             LEASE,
             TOLERANCE,
             renewed + LEASE + TOLERANCE + Duration::from_millis(100),
@@ -233,6 +248,7 @@ mod tests {
                 &Role::Lost {
                     holder: Some("pod-b_y2".into())
                 },
+                "me",
                 LEASE,
                 TOLERANCE,
                 now

@@ -214,6 +214,7 @@ impl LeaderElection {
         config.validate()?;
         let tolerance = config.tolerance.unwrap_or(config.retry_period);
         let status = Arc::new(Status::new(
+            &config.identity,
             config.lease_duration,
             config.renew_deadline,
             tolerance,

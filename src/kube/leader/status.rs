@@ -20,6 +20,7 @@ pub(crate) struct Status {
     /// does not lead.
     held_until: AtomicU64,
     epoch: Instant,
+    identity: String,
     lease_duration: Duration,
     renew_deadline: Duration,
     tolerance: Duration,
@@ -27,6 +28,7 @@ pub(crate) struct Status {
 
 impl Status {
     pub(crate) fn new(
+        identity: &str,
         lease_duration: Duration,
         renew_deadline: Duration,
         tolerance: Duration,
@@ -35,6 +37,7 @@ impl Status {
             role: Mutex::new(Role::Candidate),
             held_until: AtomicU64::new(0),
             epoch: Instant::now(),
+            identity: identity.to_owned(),
             lease_duration,
             renew_deadline,
             tolerance,
@@ -96,7 +99,13 @@ impl Status {
 
     /// The check's answer at `now`: `Ok` with the role and holder, or why it fails.
     pub(crate) fn verdict(&self, now: Instant) -> Result<String, String> {
-        decision::verdict(&self.role(), self.lease_duration, self.tolerance, now)
+        decision::verdict(
+            &self.role(),
+            &self.identity,
+            self.lease_duration,
+            self.tolerance,
+            now,
+        )
     }
 }
 
@@ -139,6 +148,7 @@ mod tests {
     #[test]
     fn the_gate_closes_at_the_renew_deadline_and_on_loss() {
         let status = Status::new(
+            "me",
             Duration::from_secs(15),
             Duration::from_secs(10),
             Duration::from_secs(2),
