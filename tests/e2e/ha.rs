@@ -3,6 +3,7 @@
 //! reconciles; the other is ready and writes nothing; a frozen, stopped or cut-off
 //! leader hands over. The measured hand-over times are printed.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -75,6 +76,54 @@ fn writes(operator: &Operator) -> Vec<Value> {
     })
 }
 
+/// Whether `operator` ever started its controllers (their stores synced).
+fn ran_controllers(operator: &Operator) -> bool {
+    !operator
+        .logged(|e| is(e, "INFO", "every controller's store has synced"))
+        .is_empty()
+}
+
+/// The resourceVersion of every ConfigTemplate and ConfigMap: any write to one changes
+/// it (Lease renewals do not count).
+fn versions(cluster: &Cluster) -> BTreeMap<String, String> {
+    cluster.runtime.block_on(async {
+        let params = kube::api::ListParams::default();
+        let mut versions = BTreeMap::new();
+        for t in cluster.templates().list(&params).await.expect("list").items {
+            let name = format!("ConfigTemplate/{}", t.metadata.name.unwrap_or_default());
+            versions.insert(name, t.metadata.resource_version.unwrap_or_default());
+        }
+        for c in cluster
+            .configmaps()
+            .list(&params)
+            .await
+            .expect("list")
+            .items
+        {
+            let name = format!("ConfigMap/{}", c.metadata.name.unwrap_or_default());
+            versions.insert(name, c.metadata.resource_version.unwrap_or_default());
+        }
+        versions
+    })
+}
+
+/// The objects' versions once nobody has written for two seconds.
+fn settled(cluster: &Cluster) -> BTreeMap<String, String> {
+    let mut last = versions(cluster);
+    let mut since = Instant::now();
+    assert!(
+        eventually(SETTLE, || {
+            let now = versions(cluster);
+            if now != last {
+                (last, since) = (now, Instant::now());
+            }
+            since.elapsed() >= Duration::from_secs(2)
+        }),
+        "the objects never stopped changing"
+    );
+    last
+}
+
 /// The Lease's holder, read by the test's own client.
 fn holder(cluster: &Cluster) -> Option<String> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
@@ -124,9 +173,13 @@ fn ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
     );
     assert_eq!(follower.status("/healthz"), 200);
     assert!(
-        writes(follower).is_empty(),
-        "the follower wrote: {:?}",
+        writes(follower).is_empty() && !ran_controllers(follower),
+        "the follower ran its controllers or wrote: {:?}",
         writes(follower)
+    );
+    assert!(
+        ran_controllers(leader),
+        "the leader did not sync its stores"
     );
     assert!(!writes(leader).is_empty(), "the leader logged no write");
     assert_eq!(holder(&cluster).as_deref(), Some(leader_id.as_str()));
@@ -162,6 +215,7 @@ fn ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
     );
 
     // Thaw the old leader: it finds it lost the lease, writes nothing, exits non-zero.
+    let before = settled(&cluster);
     let writes_before = writes(leader).len();
     let mut leader = if l == 0 { a } else { b };
     leader.signal("CONT");
@@ -176,6 +230,11 @@ fn ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
         writes(&leader).len(),
         writes_before,
         "the old leader wrote after losing the lease"
+    );
+    assert_eq!(
+        versions(&cluster),
+        before,
+        "an object was written after the old leader woke up"
     );
     let lost = leader.logged(|e| is(e, "ERROR", "leadership lost"));
     assert_eq!(lost.len(), 1, "{lost:?}");
