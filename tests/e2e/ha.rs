@@ -1,4 +1,4 @@
-//! High availability: two `run --leader-elect` processes against one API server, with
+//! High availability: two or three `run --leader-elect` processes against one API server, with
 //! short timings (lease 4s, renew deadline 3s, retry period 1s). Exactly one leads and
 //! reconciles; the other is ready and writes nothing; a frozen, stopped or cut-off
 //! leader hands over. The measured hand-over times are printed.
@@ -246,11 +246,20 @@ fn ha_one_leader_reconciles_and_a_frozen_leader_hands_over() {
 fn ha_sigterm_on_the_leader_releases_the_lease_to_a_follower() {
     let cluster = Cluster::start("ha_sigterm");
     cluster.create("app", None);
-    let a = start(&cluster);
-    let b = start(&cluster);
-    let l = leader_of(&[&a, &b]);
-    let (mut leader, follower) = if l == 0 { (a, b) } else { (b, a) };
+    let mut three = vec![start(&cluster), start(&cluster), start(&cluster)];
+    let l = leader_of(&three.iter().collect::<Vec<_>>());
+    let mut leader = three.remove(l);
+    let leader_id = identity(&leader);
+    let (mut follower, mut spare) = (three.remove(0), three.remove(0));
     assert!(eventually(SETTLE, || cluster.reconciled("app")));
+
+    // A follower's SIGTERM: exit 0, the lease untouched.
+    spare.signal("TERM");
+    let status = spare
+        .wait_exit(SETTLE)
+        .expect("a follower did not exit on SIGTERM");
+    assert!(status.success(), "a follower exited with {status}");
+    assert_eq!(holder(&cluster).as_deref(), Some(leader_id.as_str()));
 
     leader.signal("TERM");
     let signalled = Instant::now();
@@ -280,6 +289,13 @@ fn ha_sigterm_on_the_leader_releases_the_lease_to_a_follower() {
     );
     cluster.create("after", None);
     assert!(eventually(SETTLE, || cluster.reconciled("after")));
+
+    // The new leader, alone now, stops as cleanly.
+    follower.signal("TERM");
+    let status = follower
+        .wait_exit(SETTLE)
+        .expect("the new leader did not exit on SIGTERM");
+    assert!(status.success(), "the new leader exited with {status}");
 }
 
 #[test]

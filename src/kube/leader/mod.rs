@@ -328,13 +328,16 @@ impl LeaderElection {
                 return None;
             }
             let sent = Instant::now();
-            match self
-                .request(
+            // A follower has nothing to finish: a signal ends even a request in flight (a
+            // winning write cut short leaves a lease that expires after its duration).
+            let attempt = tokio::select! {
+                () = shutdown.cancelled() => return None,
+                attempt = self.request(
                     lock.try_acquire_or_renew(observed),
                     self.config.renew_deadline,
-                )
-                .await
-            {
+                ) => attempt,
+            };
+            match attempt {
                 Ok(Attempt::Holding) => {
                     self.status.renewed(sent);
                     self.set_leader(true);
