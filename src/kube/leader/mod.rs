@@ -15,22 +15,33 @@
 //!   follower takes over within about one retry period.
 //!
 //! ```no_run
+//! use std::sync::Arc;
 //! use std::time::Duration;
 //!
 //! use reconcile_watchdog::Watchdog;
+//! use reconcile_watchdog::kube::Controllers;
 //! use reconcile_watchdog::kube::leader::{Config, LeaderElection, identity};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn example(watchdog: &Watchdog, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! let config = Config::new("operators", "my-operator", identity());
+//! // The Lease `operators/my-operator`; kube-controller-manager's default timings.
+//! let config = Config::new("operators", "my-operator", identity())
+//!     .lease_duration(Duration::from_secs(15))
+//!     .renew_deadline(Duration::from_secs(10))
+//!     .retry_period(Duration::from_secs(2));
 //! let election = LeaderElection::new(watchdog, config)?;
-//! let shutdown = CancellationToken::new();
+//! let shutdown = CancellationToken::new(); // cancel it on SIGTERM, as in docs/embedding.md
+//! let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
+//! let until = shutdown.clone();
 //! election
-//!     .run(client, shutdown.clone(), |_leadership| async move {
-//!         // Build and run your Controllers here: they run only while this process leads.
-//!         shutdown.cancelled().await;
+//!     .run(client, shutdown, move |leadership| {
+//!         // Built on taking the lease, dropped on losing it.
+//!         Controllers::with_parts(registry, &health, until)
+//!             .only_while(leadership)
+//!             // .add("configmaps", controller, reconcile, error_policy, context)
+//!             .run()
 //!     })
-//!     .await?;
+//!     .await?; // Err(LeadershipLost): exit non-zero, restart as a follower
 //! # Ok(())
 //! # }
 //! ```
@@ -565,6 +576,33 @@ mod tests {
         let (base, suffix) = a.rsplit_once('_').unwrap();
         assert!(!base.is_empty());
         assert_eq!(suffix.len(), 6);
+    }
+
+    #[test]
+    fn a_leader_whose_renewals_stopped_fails_liveness_naming_the_check() {
+        let health = Health::new();
+        let registry = Registry::new(Duration::from_secs(60));
+        let config = Config::new("ns", "l", "me")
+            .lease_duration(Duration::from_secs(4))
+            .renew_deadline(Duration::from_secs(3))
+            .retry_period(Duration::from_secs(1));
+        let election = LeaderElection::with_parts(&registry, &health, None, config).unwrap();
+        let now = Instant::now();
+        election.status.renewed(now);
+        assert!(health.liveness.run(&[]).passed());
+        // The last renewal 5.5s ago: past lease (4s) + tolerance (one retry, 1s).
+        let stale = now
+            .checked_sub(Duration::from_millis(5500))
+            .expect("the monotonic clock started more than 5.5s ago");
+        election.status.renewed(stale);
+        let report = health.liveness.run(&[]);
+        assert!(!report.passed());
+        let text = report.to_string();
+        assert!(
+            text.contains("[-]leader-election failed: the leader last renewed its lease 5.5s ago"),
+            "{text}"
+        );
+        assert!(!election.leadership().is_held());
     }
 
     #[test]

@@ -62,7 +62,12 @@ impl Status {
     /// held until `sent + renew deadline`: the elector steps down by then without a
     /// newer renewal, before any follower may take over at `lease duration`.
     pub(crate) fn renewed(&self, sent: Instant) {
-        let until = sent.saturating_duration_since(self.epoch) + self.renew_deadline;
+        let until = match sent.checked_duration_since(self.epoch) {
+            Some(after) => after + self.renew_deadline,
+            None => self
+                .renew_deadline
+                .saturating_sub(self.epoch.duration_since(sent)),
+        };
         self.held_until.store(
             u64::try_from(until.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Release,
