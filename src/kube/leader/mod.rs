@@ -297,9 +297,11 @@ impl LeaderElection {
         let lost = {
             let leading = std::pin::pin!(lead(self.leadership()));
             let holding = std::pin::pin!(self.hold(&lock, &mut observed, acquired));
-            match futures::future::select(leading, holding).await {
-                futures::future::Either::Left(((), _)) => None,
-                futures::future::Either::Right((lost, _)) => Some(lost),
+            // The lease is polled first: after a freeze, its lapse is seen before the
+            // controllers get a turn.
+            match futures::future::select(holding, leading).await {
+                futures::future::Either::Left((lost, _)) => Some(lost),
+                futures::future::Either::Right(((), _)) => None,
             }
             // `lead` is dropped here: every controller and reconcile in flight with it.
         };
@@ -310,10 +312,11 @@ impl LeaderElection {
                 Ok(())
             }
             Some(mut holder) => {
+                self.status.lost(holder.clone());
                 if holder.is_none() {
                     holder = self.current_holder(&lock).await;
+                    self.status.lost(holder.clone());
                 }
-                self.status.lost(holder.clone());
                 tracing::error!(
                     identity = %self.config.identity,
                     lease = %self.lease(),
@@ -430,8 +433,8 @@ impl LeaderElection {
                     tracing::warn!(
                         error = %crate::kube::error_chain(&error),
                         lease = %self.lease(),
-                        left = %humantime::format_duration(Duration::from_millis(
-                            u64::try_from(deadline.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(u64::MAX)
+                        left = %humantime::format_duration(to_millis(
+                            deadline.saturating_duration_since(Instant::now())
                         )),
                         "leader election: renewal failed; retrying until the renew deadline"
                     );
@@ -504,6 +507,11 @@ impl LeaderElection {
     fn lease(&self) -> String {
         format!("{}/{}", self.config.namespace, self.config.name)
     }
+}
+
+/// `d` to the millisecond, for log lines.
+fn to_millis(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `period` plus up to a tenth more, so that candidates started together spread out.
