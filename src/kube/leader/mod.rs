@@ -467,10 +467,11 @@ impl LeaderElection {
         self.status.released();
     }
 
-    /// The holder named by the Lease now, read once and bounded by a retry period: for
-    /// the log line of a leader that lost without seeing to whom.
+    /// The holder named by the Lease now, read once and bounded by half a retry period
+    /// (the exit must not wait long on an API server that does not answer): for the log
+    /// line of a leader that lost without seeing to whom.
     async fn current_holder(&self, lock: &LeaseLock) -> Option<String> {
-        self.request(lock.holder(), self.config.retry_period)
+        self.request(lock.holder(), self.config.retry_period / 2)
             .await
             .ok()
             .flatten()
