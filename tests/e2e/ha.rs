@@ -343,7 +343,15 @@ fn emulator_ha_black_holed_renewals_are_a_hang_and_the_leader_steps_down() {
 
 #[test]
 fn bad_leader_election_flags_exit_2_naming_the_flag() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--leader-elect-retry-period=soon"],
+            "--leader-elect-retry-period",
+        ),
+        (
+            &["--leader-elect-lease-duration=0s"],
+            "--leader-elect-lease-duration",
+        ),
         (
             &[
                 "--leader-elect-lease-duration=10s",
@@ -369,7 +377,6 @@ fn bad_leader_election_flags_exit_2_naming_the_flag() {
             ])
             .args(args)
             .env_remove("POD_NAMESPACE")
-            .env_remove("RECONCILE_WATCHDOG_LEADER_ELECT_RESOURCE_NAMESPACE")
             .env(
                 "RECONCILE_WATCHDOG_LEADER_ELECT_RESOURCE_NAMESPACE",
                 if flag == "--leader-elect-resource-namespace" {
