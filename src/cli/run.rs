@@ -154,6 +154,12 @@ pub enum Error {
     Leader(#[from] leader::Error),
 }
 
+/// How the controllers run: alone, or under leader election.
+enum Mode {
+    Alone(Controllers),
+    Elected(LeaderElection),
+}
+
 /// What the main thread waits for.
 enum Event {
     Signal(Signal),
@@ -225,12 +231,15 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
     }
 
     let shutdown = CancellationToken::new();
-    let election = election
-        .map(|config| LeaderElection::new(&watchdog, config))
-        .transpose()?;
+    // Alone, the controllers (and their informer-sync readiness latch) exist from the
+    // start; elected, they are made on taking the lease, so followers are ready.
+    let mode = match election {
+        None => Mode::Alone(Controllers::new(&watchdog, shutdown.clone())),
+        Some(config) => Mode::Elected(LeaderElection::new(&watchdog, config)?),
+    };
     let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
-    let (until, shutdown_for_election) = (shutdown.clone(), shutdown.clone());
+    let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
         let started = async {
             let client = kube::Client::try_default().await.map_err(Error::Client)?;
@@ -238,23 +247,20 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                 client: client.clone(),
                 fault_injection,
             };
-            let controllers = move |leadership: Option<leader::Leadership>| {
-                let controllers = Controllers::with_parts(registry, &health, until);
-                let controllers = match leadership {
-                    Some(leadership) => controllers.only_while(leadership),
-                    None => controllers,
-                };
-                operator::add_to(controllers, ctx, namespace.as_deref()).run()
-            };
-            match election {
-                None => controllers(None).await,
+            match mode {
+                Mode::Alone(controllers) => {
+                    operator::add_to(controllers, ctx, namespace.as_deref())
+                        .run()
+                        .await;
+                }
                 // The controllers start on taking the lease, and are dropped on losing it.
-                Some(election) => {
-                    election
-                        .run(client, shutdown_for_election, |leadership| {
-                            controllers(Some(leadership))
-                        })
-                        .await?;
+                Mode::Elected(election) => {
+                    let lead = move |leadership| {
+                        let controllers = Controllers::with_parts(registry, &health, until)
+                            .only_while(leadership);
+                        operator::add_to(controllers, ctx, namespace.as_deref()).run()
+                    };
+                    election.run(client, election_shutdown, lead).await?;
                 }
             }
             Ok(())
