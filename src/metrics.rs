@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -102,6 +102,55 @@ struct HangLabels {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IdentityLabels {
+    identity: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RenewalLabels {
+    result: &'static str,
+}
+
+/// Reads the age of the leader's last lease renewal; None when not leading.
+type LeaseAge = Box<dyn Fn() -> Option<Duration> + Send + Sync>;
+
+/// The series of leader election (`--leader-elect`).
+#[derive(Debug, Default)]
+struct LeaderSeries {
+    leader: Family<IdentityLabels, Gauge>,
+    renewals: Family<RenewalLabels, Counter>,
+    renewal_age: LeaseAgeCollector,
+}
+
+/// `reconcile_watchdog_lease_renewal_age_seconds`, read at scrape time so that it keeps
+/// growing while a renewal hangs.
+#[derive(Clone, Default)]
+struct LeaseAgeCollector(Arc<OnceLock<LeaseAge>>);
+
+impl std::fmt::Debug for LeaseAgeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseAgeCollector")
+            .field("watched", &self.0.get().is_some())
+            .finish()
+    }
+}
+
+impl Collector for LeaseAgeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(age) = self.0.get().and_then(|age| age()) else {
+            return Ok(());
+        };
+        let metric = encoder.encode_descriptor(
+            "lease_renewal_age",
+            "Age of the leader's last successful lease renewal; absent when not leading",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(age.as_secs_f64()).encode(metric)
+    }
+}
 
 /// The labelled families, kept to create each controller's series from.
 #[derive(Debug)]
@@ -177,6 +226,7 @@ pub struct Metrics {
     controllers: RwLock<HashMap<Arc<str>, ControllerSeries>>,
     scan_duration: Histogram,
     runtime_heartbeat_age: Gauge<f64, AtomicU64>,
+    leader: LeaderSeries,
 }
 
 impl Metrics {
@@ -248,6 +298,18 @@ impl Metrics {
         );
         registry.register_collector(Box::new(HealthChecks(health)));
         registry.register_collector(Box::new(ApiServerReachability(api_server)));
+        let leader = LeaderSeries::default();
+        registry.register(
+            "leader",
+            "Whether this process holds the leader-election lease (1) or not (0), by identity",
+            leader.leader.clone(),
+        );
+        registry.register(
+            "lease_renewals",
+            "The leader's lease renewals, by result (success, failure)",
+            leader.renewals.clone(),
+        );
+        registry.register_collector(Box::new(leader.renewal_age.clone()));
 
         Arc::new(Self {
             registry,
@@ -255,6 +317,7 @@ impl Metrics {
             controllers: RwLock::new(HashMap::new()),
             scan_duration,
             runtime_heartbeat_age,
+            leader,
         })
     }
 
@@ -296,6 +359,35 @@ impl Metrics {
     /// first reconcile ends instead of being absent.
     pub fn add_controller(&self, controller: &str) {
         self.with_series(controller, |_| ());
+    }
+
+    /// Sets `reconcile_watchdog_leader{identity}` to 1 (leading) or 0.
+    pub fn set_leader(&self, identity: &str, leading: bool) {
+        self.leader
+            .leader
+            .get_or_create(&IdentityLabels {
+                identity: identity.to_owned(),
+            })
+            .set(i64::from(leading));
+    }
+
+    /// Counts one renewal attempt of the leader in
+    /// `reconcile_watchdog_lease_renewals_total{result}`.
+    pub fn lease_renewal(&self, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        self.leader
+            .renewals
+            .get_or_create(&RenewalLabels { result })
+            .inc();
+    }
+
+    /// Serves `reconcile_watchdog_lease_renewal_age_seconds` from `age`, read at each
+    /// scrape (None: not leading, no sample). Only the first call counts.
+    pub fn watch_lease_renewal_age(
+        &self,
+        age: impl Fn() -> Option<Duration> + Send + Sync + 'static,
+    ) {
+        let _ = self.leader.renewal_age.0.set(Box::new(age));
     }
 
     /// Runs `f` on the series of `controller`, creating them on first sight. The common
@@ -699,6 +791,57 @@ mod tests {
             ),
             Some("1")
         );
+    }
+
+    #[test]
+    fn leader_election_series() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        assert!(
+            !metrics.encode().contains("lease_renewal_age"),
+            "no age before a lease is watched"
+        );
+        metrics.set_leader("pod-a_x1", false);
+        metrics.lease_renewal(true);
+        metrics.lease_renewal(true);
+        metrics.lease_renewal(false);
+        let age = Arc::new(std::sync::Mutex::new(Some(Duration::from_millis(1500))));
+        let read = Arc::clone(&age);
+        metrics.watch_lease_renewal_age(move || *read.lock().unwrap());
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "reconcile_watchdog_leader{identity=\"pod-a_x1\"}"),
+            Some("0")
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_lease_renewals_total{result=\"success\"}"
+            ),
+            Some("2")
+        );
+        assert_eq!(
+            line(
+                &text,
+                "reconcile_watchdog_lease_renewals_total{result=\"failure\"}"
+            ),
+            Some("1")
+        );
+        assert!(
+            text.contains("# TYPE reconcile_watchdog_lease_renewal_age_seconds gauge\n"),
+            "{text}"
+        );
+        assert_eq!(
+            line(&text, "reconcile_watchdog_lease_renewal_age_seconds "),
+            Some("1.5")
+        );
+        metrics.set_leader("pod-a_x1", true);
+        *age.lock().unwrap() = None;
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "reconcile_watchdog_leader{identity=\"pod-a_x1\"}"),
+            Some("1")
+        );
+        assert!(!text.contains("lease_renewal_age_seconds "), "{text}");
     }
 
     #[test]

@@ -12,12 +12,18 @@
 5. flags: the Deployment runs a subcommand the binary has (RECONCILE_WATCHDOG_BIN), with
    only flags and RECONCILE_WATCHDOG_* variables that subcommand reads: clap ignores an
    unknown variable, so a typo there would silently leave a default in force.
+6. high availability: the Deployment runs 2+ replicas with --leader-elect, rolls without
+   taking a ready pod away first, gets POD_NAME and POD_NAMESPACE from the downward API
+   and spreads its replicas (soft anti-affinity or topology spread); a namespaced Role,
+   bound to its service account, grants get, create, update and patch on its Lease; a
+   PodDisruptionBudget keeps one replica.
 """
 
 import copy
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -245,12 +251,75 @@ def check_flags():
         names = [e["name"] for e in container.get("env") or []]
         unknown = [n for n in names if n.startswith("RECONCILE_WATCHDOG_")
                    and f"[env: {n}=" not in run.stdout]
+        # A flag in --help is followed by its value's name, or by a newline (a switch).
         unknown += [a for a in args[1:] if a.startswith("--")
-                    and f"{a.split('=')[0]} " not in run.stdout]
+                    and not re.search(rf"{re.escape(a.split('=')[0])}[ \n]", run.stdout)]
         for name in unknown:
             failures.append(f"container {container['name']}: `{args[0]}` does not read {name}")
         if not unknown:
             print(f"ok   container {container['name']}: `{' '.join(args)}` reads {', '.join(names)}")
+    return failures
+
+
+def all_documents():
+    return [doc for path in manifest_files() if path != KUSTOMIZATION for doc in documents(path)]
+
+
+def check_ha():
+    failures = []
+    docs = all_documents()
+    (deployment,) = documents(MANIFESTS / "deployment.yaml")
+    spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
+    namespace = deployment["metadata"]["namespace"]
+    labels = spec["template"]["metadata"]["labels"]
+    if spec.get("replicas", 1) < 2:
+        failures.append(f"deployment: replicas {spec.get('replicas', 1)}, want 2 or more")
+    strategy = spec.get("strategy") or {}
+    if strategy.get("type") == "Recreate":
+        failures.append("deployment: Recreate takes every replica down at once")
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container.get("env") or []}
+    if "--leader-elect" not in (container.get("args") or []) and \
+            (env.get("RECONCILE_WATCHDOG_LEADER_ELECT") or {}).get("value") != "true":
+        failures.append("deployment: --leader-elect is not on")
+    for name, field in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")):
+        ref = ((env.get(name) or {}).get("valueFrom") or {}).get("fieldRef") or {}
+        if ref.get("fieldPath") != field:
+            failures.append(f"deployment: {name} is not set from the downward API ({field})")
+    anti = ((pod.get("affinity") or {}).get("podAntiAffinity") or {}) \
+        .get("preferredDuringSchedulingIgnoredDuringExecution")
+    spread = [t for t in pod.get("topologySpreadConstraints") or []
+              if t.get("whenUnsatisfiable") == "ScheduleAnyway"]
+    if not anti and not spread:
+        failures.append("deployment: no soft pod anti-affinity nor topology spread")
+
+    account = pod.get("serviceAccountName")
+    roles = {d["metadata"]["name"]: d for d in docs
+             if d.get("kind") == "Role" and d["metadata"].get("namespace") == namespace}
+    granted = set()
+    for binding in docs:
+        if binding.get("kind") != "RoleBinding" or binding["metadata"].get("namespace") != namespace:
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                   for s in binding.get("subjects") or []):
+            continue
+        role = roles.get(binding["roleRef"]["name"]) if binding["roleRef"]["kind"] == "Role" else None
+        for rule in (role or {}).get("rules") or []:
+            if "coordination.k8s.io" in rule.get("apiGroups", []) and "leases" in rule.get("resources", []):
+                granted.update(rule.get("verbs", []))
+    missing = {"get", "create", "update", "patch"} - granted
+    if missing:
+        failures.append(f"rbac: the service account {account} may not {sorted(missing)} leases "
+                        f"in {namespace} through a Role")
+
+    budgets = [d for d in docs if d.get("kind") == "PodDisruptionBudget"
+               and d["metadata"].get("namespace") == namespace]
+    if not any(b["spec"].get("minAvailable") == 1
+               and (b["spec"].get("selector") or {}).get("matchLabels", {}).items() <= labels.items()
+               for b in budgets):
+        failures.append("no PodDisruptionBudget with minAvailable: 1 selecting the operator's pods")
+    if not failures:
+        print(f"ok   {spec['replicas']} replicas with --leader-elect, lease RBAC, disruption budget")
     return failures
 
 
@@ -261,6 +330,7 @@ def main():
         ("checkov", check_checkov),
         ("hadolint", check_hadolint),
         ("flags", check_flags),
+        ("high availability", check_ha),
     ]
     failed = 0
     for name, check in checks:

@@ -2,15 +2,17 @@
 //! with graceful shutdown bounded by `--shutdown-grace`.
 
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
 
 use super::flags::{Defaults, WatchdogArgs};
 use super::logging;
 use super::signals::{self, Signal};
 use crate::guard::Registry;
+use crate::kube::leader::{self, LeaderElection};
 use crate::kube::{Controllers, error_chain};
 use crate::operator::{self, Context};
 
@@ -27,6 +29,106 @@ pub struct RunArgs {
     /// Watch ConfigTemplates in this namespace only (default: every namespace)
     #[arg(long, env = "RECONCILE_WATCHDOG_NAMESPACE", value_name = "NAMESPACE")]
     pub namespace: Option<String>,
+
+    #[command(flatten)]
+    pub leader_election: LeaderElectArgs,
+}
+
+/// `run`'s leader-election flags, named like kube-controller-manager's.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LeaderElectArgs {
+    /// Run as one of several replicas: only the holder of a Lease reconciles, the others are ready and idle
+    #[arg(long, env = "RECONCILE_WATCHDOG_LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// How long followers wait, after the Lease last changed, before taking it over
+    #[arg(long, env = "RECONCILE_WATCHDOG_LEADER_ELECT_LEASE_DURATION", value_name = "DURATION", default_value = "15s", value_parser = super::flags::positive_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it steps down; shorter than the lease duration
+    #[arg(long, env = "RECONCILE_WATCHDOG_LEADER_ELECT_RENEW_DEADLINE", value_name = "DURATION", default_value = "10s", value_parser = super::flags::positive_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often candidates try to take the lease and the leader renews it; shorter than the renew deadline
+    #[arg(long, env = "RECONCILE_WATCHDOG_LEADER_ELECT_RETRY_PERIOD", value_name = "DURATION", default_value = "2s", value_parser = super::flags::positive_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// The name of the Lease
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_LEADER_ELECT_RESOURCE_NAME",
+        value_name = "NAME",
+        default_value = "reconcile-watchdog"
+    )]
+    pub leader_elect_resource_name: String,
+
+    /// The namespace of the Lease; unset, POD_NAMESPACE, else the service account's namespace (so required outside a cluster)
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_LEADER_ELECT_RESOURCE_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub leader_elect_resource_namespace: Option<String>,
+}
+
+/// Where a pod's service account names its namespace.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl LeaderElectArgs {
+    /// The election these flags describe, None without `--leader-elect`; bad
+    /// combinations are an error that names the flag.
+    pub fn config(&self) -> Result<Option<leader::Config>, (&'static str, String)> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let namespace = self
+            .leader_elect_resource_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .or_else(|| std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok())
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .ok_or((
+                "--leader-elect-resource-namespace <NAMESPACE>",
+                "required with --leader-elect outside a cluster (no POD_NAMESPACE, no service account namespace)".to_owned(),
+            ))?;
+        if self.leader_elect_resource_name.trim().is_empty() {
+            return Err((
+                "--leader-elect-resource-name <NAME>",
+                "must not be empty".into(),
+            ));
+        }
+        let config = leader::Config::new(
+            namespace,
+            self.leader_elect_resource_name.trim(),
+            leader::identity(),
+        )
+        .lease_duration(self.leader_elect_lease_duration)
+        .renew_deadline(self.leader_elect_renew_deadline)
+        .retry_period(self.leader_elect_retry_period);
+        if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
+            return Err((
+                "--leader-elect-renew-deadline <DURATION>",
+                format!(
+                    "must be shorter than --leader-elect-lease-duration ({})",
+                    humantime::format_duration(self.leader_elect_lease_duration)
+                ),
+            ));
+        }
+        if self.leader_elect_retry_period >= self.leader_elect_renew_deadline {
+            return Err((
+                "--leader-elect-retry-period <DURATION>",
+                format!(
+                    "must be shorter than --leader-elect-renew-deadline ({})",
+                    humantime::format_duration(self.leader_elect_renew_deadline)
+                ),
+            ));
+        }
+        config
+            .validate()
+            .map_err(|e| ("--leader-elect", e.to_string()))?;
+        Ok(Some(config))
+    }
 }
 
 /// Errors that stop the operator.
@@ -47,6 +149,15 @@ pub enum Error {
     /// The CRD did not serialize.
     #[error("failed to write the CRD as YAML")]
     Crd(#[source] serde_saphyr::ser::Error),
+    /// Leader election failed to start, or this process lost the lease.
+    #[error(transparent)]
+    Leader(#[from] leader::Error),
+}
+
+/// How the controllers run: alone, or under leader election.
+enum Mode {
+    Alone(Controllers),
+    Elected(LeaderElection),
 }
 
 /// What the main thread waits for.
@@ -60,8 +171,19 @@ const WORKERS: usize = 4;
 
 /// Runs the operator until a signal, then drains; the exit status says how that went.
 pub fn main(args: RunArgs) -> ExitCode {
+    let election = args
+        .leader_election
+        .config()
+        .unwrap_or_else(|(flag, message)| {
+            super::Cli::command()
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("invalid value for '{flag}': {message}"),
+                )
+                .exit()
+        });
     logging::init(args.watchdog.log_format);
-    match run(&args) {
+    match run(&args, election) {
         Ok(code) => code,
         Err(error) => {
             tracing::error!(error = %error_chain(&error), "the operator failed");
@@ -84,7 +206,7 @@ pub fn crd() -> ExitCode {
     }
 }
 
-fn run(args: &RunArgs) -> Result<ExitCode, Error> {
+fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Error> {
     let (events, received) = mpsc::channel();
     forward_signals(signals::listen().map_err(Error::Signals)?, events.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -109,9 +231,16 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     }
 
     let shutdown = CancellationToken::new();
-    let controllers = Controllers::new(&watchdog, shutdown.clone());
+    // Alone, the controllers (and their informer-sync readiness latch) exist from the
+    // start; elected, they are made on taking the lease, so followers are ready.
+    let mode = match election {
+        None => Mode::Alone(Controllers::new(&watchdog, shutdown.clone())),
+        Some(config) => Mode::Elected(LeaderElection::new(&watchdog, config)?),
+    };
+    let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
     let api_server = std::sync::Arc::clone(watchdog.api_server());
+    let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
         let started = async {
             let config = kube::Config::infer()
@@ -124,12 +253,25 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
             }
             let client = kube::Client::try_from(config).map_err(Error::Client)?;
             let ctx = Context {
-                client,
+                client: client.clone(),
                 fault_injection,
             };
-            operator::add_to(controllers, ctx, namespace.as_deref())
-                .run()
-                .await;
+            match mode {
+                Mode::Alone(controllers) => {
+                    operator::add_to(controllers, ctx, namespace.as_deref())
+                        .run()
+                        .await;
+                }
+                // The controllers start on taking the lease, and are dropped on losing it.
+                Mode::Elected(election) => {
+                    let lead = move |leadership| {
+                        let controllers = Controllers::with_parts(registry, &health, until)
+                            .only_while(leadership);
+                        operator::add_to(controllers, ctx, namespace.as_deref()).run()
+                    };
+                    election.run(client, election_shutdown, lead).await?;
+                }
+            }
             Ok(())
         };
         let _ = events.send(Event::Stopped(started.await));

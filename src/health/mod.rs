@@ -14,6 +14,11 @@ pub trait Check: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// `Ok(())` when healthy, otherwise why not.
     fn check(&self) -> Result<(), String>;
+    /// Like [`check`](Self::check), with what `?verbose` shows after a passing check's
+    /// `ok` (such as a role); none by default.
+    fn detail(&self) -> Result<Option<String>, String> {
+        self.check().map(|()| None)
+    }
 }
 
 /// A check made of a name and a closure.
@@ -157,6 +162,8 @@ pub struct CheckResult {
     pub result: Result<(), String>,
     /// It was skipped by `?exclude=`.
     pub excluded: bool,
+    /// What a passing check adds after `ok` in `?verbose`.
+    pub detail: Option<String>,
 }
 
 /// The result of running a set of checks.
@@ -185,7 +192,10 @@ impl fmt::Display for Report {
         for c in &self.checks {
             match (&c.result, c.excluded) {
                 (_, true) => writeln!(f, "[+]{} excluded: ok", c.name)?,
-                (Ok(()), false) => writeln!(f, "[+]{} ok", c.name)?,
+                (Ok(()), false) => match &c.detail {
+                    Some(detail) => writeln!(f, "[+]{} ok: {detail}", c.name)?,
+                    None => writeln!(f, "[+]{} ok", c.name)?,
+                },
                 (Err(reason), false) => writeln!(f, "[-]{} failed: {reason}", c.name)?,
             }
         }
@@ -268,15 +278,19 @@ impl Checks {
             .iter()
             .map(|c| {
                 let excluded = exclude.iter().any(|e| e == c.name());
-                let result = if excluded {
-                    Ok(())
+                let (result, detail) = if excluded {
+                    (Ok(()), None)
                 } else {
-                    run_one(c.as_ref())
+                    match run_with_detail(c.as_ref()) {
+                        Ok(detail) => (Ok(()), detail),
+                        Err(reason) => (Err(reason), None),
+                    }
                 };
                 CheckResult {
                     name: c.name().to_owned(),
                     result,
                     excluded,
+                    detail,
                 }
             })
             .collect();
@@ -301,6 +315,12 @@ impl Checks {
             .find(|c| c.name() == name)
             .map(|c| run_one(c.as_ref()))
     }
+}
+
+/// Like [`run_one`], with the detail of a passing check.
+fn run_with_detail(check: &dyn Check) -> Result<Option<String>, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check.detail()))
+        .unwrap_or_else(|_| Err("check panicked".into()))
 }
 
 /// A check that panics fails instead of taking the probe server down.
@@ -367,6 +387,34 @@ mod tests {
             report.to_string(),
             "[+]ping ok\n[-]broken failed: it broke\nhealthz check failed\n"
         );
+    }
+
+    struct Role;
+
+    impl Check for Role {
+        fn name(&self) -> &str {
+            "role"
+        }
+        fn check(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn detail(&self) -> Result<Option<String>, String> {
+            Ok(Some("follower, holder pod-a".into()))
+        }
+    }
+
+    #[test]
+    fn verbose_shows_the_detail_of_a_passing_check() {
+        let health = Health::new();
+        health.readiness.add(Arc::new(Role));
+        let text = health.readiness.run(&[]).to_string();
+        assert!(
+            text.contains("[+]role ok: follower, holder pod-a\n"),
+            "{text}"
+        );
+        assert!(text.contains("[+]ping ok\n"), "{text}");
+        let excluded = health.readiness.run(&["role".into()]).to_string();
+        assert!(excluded.contains("[+]role excluded: ok\n"), "{excluded}");
     }
 
     #[test]

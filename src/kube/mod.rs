@@ -10,7 +10,9 @@
 //! - releases the `informer-sync` readiness latch once every controller's store has
 //!   synced;
 //! - stops taking new work when the shutdown token is cancelled, and returns once the
-//!   reconciles in flight have finished (the caller bounds that wait).
+//!   reconciles in flight have finished (the caller bounds that wait);
+//! - under [`leader`] election, reconciles only while the lease is held
+//!   ([`Controllers::only_while`]).
 //!
 //! The example of `docs/embedding.md`:
 //!
@@ -76,6 +78,7 @@
 //! ```
 
 pub mod apiserver;
+pub mod leader;
 mod log;
 
 use std::fmt::Debug;
@@ -94,6 +97,7 @@ use tokio_util::sync::CancellationToken;
 use crate::guard::{self, ObjectKey, Registry};
 use crate::health::{Health, Latch};
 use crate::watchdog::Watchdog;
+use leader::Leadership;
 
 pub use log::error_chain;
 
@@ -106,6 +110,7 @@ pub struct Controllers {
     registry: Registry,
     latch: Arc<Latch>,
     shutdown: CancellationToken,
+    leadership: Option<Leadership>,
     names: Vec<String>,
     runs: Vec<BoxFuture<'static, ()>>,
     synced: Vec<BoxFuture<'static, bool>>,
@@ -133,10 +138,20 @@ impl Controllers {
             latch: health
                 .readiness_latch(INFORMER_SYNC, "the controllers' stores have not synced yet"),
             shutdown,
+            leadership: None,
             names: Vec::new(),
             runs: Vec::new(),
             synced: Vec::new(),
         }
+    }
+
+    /// Reconciles only while `leadership` holds the lease: a reconcile that starts after
+    /// the lease's renew deadline passed unrenewed (the leader lost it, or was frozen)
+    /// writes nothing and ends at once, while the election stops the controllers. Call
+    /// it before [`add`](Self::add).
+    pub fn only_while(mut self, leadership: Leadership) -> Self {
+        self.leadership = Some(leadership);
+        self
     }
 
     /// Adds `controller`, called `name` (the name deadlines and hang reports use), to
@@ -165,10 +180,20 @@ impl Controllers {
         let handle = self.registry.controller(name, &kind);
         let store = controller.store();
         let shutdown = self.shutdown.clone();
+        let leadership = self.leadership.clone();
         let guarded = move |object: Arc<K>, context: Arc<Ctx>| {
             let key = object_key(object.as_ref());
+            let led = leadership.as_ref().is_none_or(Leadership::is_held);
+            let reconcile = reconcile(object, context);
+            let gated = async move {
+                if !led {
+                    tracing::debug!("not reconciling: the lease is no longer held");
+                    return Ok(Action::await_change());
+                }
+                reconcile.await
+            };
             handle
-                .guard(key, reconcile(object, context))
+                .guard(key, gated)
                 .map(|result| result.unwrap_or_else(|error| Err(E::from(error))))
         };
         let stream = controller

@@ -19,6 +19,10 @@ an awaited event (no thread, no timer), so that holding hundreds costs nothing:
     POST /_emulator/outage/start           answer nothing at all (discovery and /version
                                            included) but these controls
     POST /_emulator/outage/end             answer everything held by the outage
+Leases (coordination.k8s.io/v1) have optimistic concurrency, as leader election needs:
+a create of an existing Lease is 409 AlreadyExists, and a patch whose body carries a
+metadata.resourceVersion other than the stored one is 409 Conflict (checked and
+written under one lock, so of two racing writers exactly one wins).
 
 Usage: python emulator.py [--port PORT]; it prints one line, "listening on URL", when
 it accepts connections, and runs until killed.
@@ -43,6 +47,11 @@ RESOURCES = {
     'v1/configmaps': kmock.ResourceInfo(
         kind='ConfigMap', namespaced=True,
         verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
+    # Leader election (`run --leader-elect`): read, create, and patch with a
+    # resourceVersion precondition (see Leases below).
+    'coordination.k8s.io/v1/leases': kmock.ResourceInfo(
+        kind='Lease', namespaced=True,
+        verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
     # What the tests' real-cluster set-up touches, so that it can run against this too.
     'apiextensions.k8s.io/v1/customresourcedefinitions': kmock.ResourceInfo(
         kind='CustomResourceDefinition', namespaced=False,
@@ -61,6 +70,8 @@ class Emulator(kmock.KubernetesEmulator):
     _held_prefixes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
     # Set while the whole server is out: the event every request waits on.
     _outage: asyncio.Event | None = attrs.field(default=None, init=False)
+    # Leases: one writer at a time from the resourceVersion check to the store.
+    _lease_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if not raw_request.path.startswith(CONTROL_PREFIX):
@@ -107,6 +118,13 @@ class Emulator(kmock.KubernetesEmulator):
         for name, released in self._holes.items():
             if name in path.split('/'):
                 await released.wait()
+        if _is_lease_write(request):
+            async with self._lease_lock:
+                conflict = self._stale_lease_version(request)
+                if conflict is not None:
+                    return conflict
+                self._stamp(request)
+                return await super()._handle(request)
         if self._creates_by_apply(request):
             # Stored as a create; kmock's routing has no reaction for a PATCH that
             # creates, so the answer is made here.
@@ -195,6 +213,31 @@ class Emulator(kmock.KubernetesEmulator):
                 meta['generation'] = generation + 1
             meta['resourceVersion'] = self._next_revision()
 
+    # Leases ---------------------------------------------------------------------------
+
+    def _stale_lease_version(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+        """409 Conflict for a patch that names a resourceVersion the Lease no longer has."""
+        if request.action != kmock.action.UPDATE or not isinstance(request.data, dict):
+            return None
+        meta = request.data.get('metadata')
+        wanted = meta.get('resourceVersion') if isinstance(meta, dict) else None
+        if wanted is None:
+            return None  # no precondition: the write wins, as on a real server
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None  # kmock answers 404
+        stored = self.objects[key].get('metadata', {}).get('resourceVersion')
+        if str(wanted) == str(stored):
+            return None
+        message = (f'Operation cannot be fulfilled on leases.coordination.k8s.io "{request.name}": '
+                   'the object has been modified; please apply your changes to the latest version '
+                   'and try again')
+        return aiohttp.web.json_response({
+            'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
+            'message': message, 'reason': 'Conflict', 'code': 409,
+            'details': {'name': request.name, 'group': 'coordination.k8s.io', 'kind': 'leases'},
+        }, status=409)
+
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         listed = await super()._serve_list(request)
         listed['metadata'] = {'resourceVersion': str(self._revision)}
@@ -204,6 +247,13 @@ class Emulator(kmock.KubernetesEmulator):
         if isinstance(exc, kmock.KubernetesError) and exc.status in REASONS:
             exc = attrs.evolve(exc, reason=REASONS[exc.status])
         return await super()._render_error(exc)
+
+
+def _is_lease_write(request: kmock.Request) -> bool:
+    resource = request.resource
+    return (resource is not None and getattr(resource, 'group', None) == 'coordination.k8s.io'
+            and getattr(resource, 'plural', None) == 'leases'
+            and request.action in (kmock.action.CREATE, kmock.action.UPDATE))
 
 
 async def serve(port: int) -> None:
