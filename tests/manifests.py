@@ -6,8 +6,10 @@
    api-and-leader/ folder), built into the install by tests/monitoring/overlay.
 2. schemas: every document of every YAML file under manifests/ validates, strictly
    (unknown fields fail), against the Kubernetes schemas bundled by kubernetes-validate,
-   or, for a custom resource, against its CRD's schema from manifests/. A document that
-   neither knows fails, except the Prometheus Operator's kinds (NO_SCHEMA, with why).
+   or, for a custom resource, against its CRD's schema from manifests/, or, for the
+   Prometheus Operator's kinds (manifests/monitoring/), against the schema of their
+   models in cloudcoil-models-prometheus-operator. A document that none knows fails:
+   nothing is skipped.
 3. checkov: no failed check on manifests/ (kubernetes) nor on the Dockerfile; skips must
    be written beside the resource, with a reason, and are listed here.
 4. hadolint: no finding on the Dockerfile (an ignore is written beside the line, with why).
@@ -25,6 +27,7 @@ import sys
 
 import jsonschema
 import yaml
+from cloudcoil.models.prometheus_operator import v1 as prometheus_operator
 from kubernetes_validate import utils as kv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -32,18 +35,12 @@ MANIFESTS = ROOT / "manifests"
 KUSTOMIZATION = MANIFESTS / "kustomization.yaml"
 MONITORING = MANIFESTS / "monitoring"
 MONITORING_OVERLAY = ROOT / "tests" / "monitoring" / "overlay"
-# Kinds with no schema to validate against, and why. kubernetes-validate bundles only
-# Kubernetes' own kinds; the Prometheus Operator publishes its CRDs as YAML in its
-# repository and no PyPI package ships them as schemas (cloudcoil-models-prometheus-operator
-# has pydantic models, and its current releases need Python 3.14). Their content is
-# checked by tests/monitoring.py instead: promtool on the rules, and the ServiceMonitor's
-# selector and port against manifests/service.yaml (here, in check_service_monitor).
-NO_SCHEMA = {
-    ("monitoring.coreos.com/v1", "PrometheusRule"):
-        "Prometheus Operator CRD, no schema on PyPI; promtool checks its rules",
-    ("monitoring.coreos.com/v1", "ServiceMonitor"):
-        "Prometheus Operator CRD, no schema on PyPI; its selector and port are checked",
-}
+# The Prometheus Operator's kinds that manifests/monitoring/ uses. kubernetes-validate
+# bundles only Kubernetes' own kinds, and the operator publishes its CRDs as YAML in its
+# repository, not on PyPI; cloudcoil-models-prometheus-operator has pydantic models
+# generated from them (0.80.1; its newer releases need Python 3.14), whose JSON Schema
+# these are checked against.
+PROMETHEUS_OPERATOR_KINDS = ("ServiceMonitor", "PrometheusRule")
 DOCKERFILE = ROOT / "Dockerfile"
 # The oldest Kubernetes the manifests support, and the newest kubernetes-validate bundles.
 KUBERNETES_VERSIONS = sorted({"1.33.0", kv.latest_version()})
@@ -226,6 +223,28 @@ def openapi_to_jsonschema(schema):
     return schema
 
 
+def prometheus_operator_schemas():
+    """(apiVersion, kind) -> JSON Schema of each of PROMETHEUS_OPERATOR_KINDS, strict
+    (unknown fields fail, as the API server would prune them silently)."""
+
+    def strict(node):
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for child in node.values():
+                strict(child)
+        elif isinstance(node, list):
+            for child in node:
+                strict(child)
+        return node
+
+    return {
+        ("monitoring.coreos.com/v1", kind):
+            strict(getattr(prometheus_operator, kind).model_json_schema(by_alias=True))
+        for kind in PROMETHEUS_OPERATOR_KINDS
+    }
+
+
 def custom_resource_schemas(docs):
     """(apiVersion, kind) -> JSON Schema, for every served version of every CRD given."""
     schemas = {}
@@ -251,14 +270,22 @@ def check_schemas():
     if not docs:
         return [f"{relative(MANIFESTS)}: no manifests found"]
     crs = custom_resource_schemas(docs)
+    operator_schemas = prometheus_operator_schemas()
     for path, doc in docs:
         if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
             failures.append(f"{relative(path)}: not a Kubernetes object (no apiVersion or kind)")
             continue
         where = f"{relative(path)}: {doc['kind']}/{(doc.get('metadata') or {}).get('name')}"
         key = (doc["apiVersion"], doc["kind"])
-        if key in NO_SCHEMA:
-            print(f"skip {where}: no schema: {NO_SCHEMA[key]}")
+        if key in operator_schemas:
+            errors = sorted(jsonschema.Draft202012Validator(operator_schemas[key])
+                            .iter_errors(doc), key=str)
+            for error in errors:
+                at = ".".join(str(p) for p in error.absolute_path) or "(root)"
+                failures.append(f"{where}: does not match the Prometheus Operator's "
+                                f"schema: {at}: {error.message}")
+            if not errors:
+                print(f"ok   {where} matches the Prometheus Operator's schema")
             continue
         if key in crs:
             # apiVersion, kind and metadata are the API server's; the CRD schema covers the rest.
