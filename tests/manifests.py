@@ -107,6 +107,18 @@ def check_components():
     return failures
 
 
+def component_objects(folder):
+    """The identities of what the component in `folder` adds, its own components' too."""
+    (kustomization,) = documents(folder / "kustomization.yaml")
+    objects = [identity(doc) for name in kustomization.get("resources") or []
+               for doc in documents(folder / name)]
+    objects += [("v1", "ConfigMap", g.get("namespace"), g["name"])
+                for g in kustomization.get("configMapGenerator") or []]
+    for name in kustomization.get("components") or []:
+        objects += component_objects(folder / name)
+    return objects
+
+
 def check_monitoring_build(listed):
     """The install with the monitoring component builds into its objects and the base's."""
     kubectl = pathlib.Path(sys.executable).parent / "kubectl"
@@ -115,12 +127,8 @@ def check_monitoring_build(listed):
     if run.returncode != 0:
         return [f"kubectl kustomize {relative(MONITORING_OVERLAY)} failed: {run.stderr.strip()}"]
     built = [doc for doc in yaml.safe_load_all(run.stdout) if doc]
-    kustomization, files = component_files(MONITORING)
     expected = [identity(doc) for name in listed for doc in documents(MANIFESTS / name)]
-    expected += [identity(doc) for name in kustomization["resources"]
-                 for doc in documents(MONITORING / name)]
-    expected += [("v1", "ConfigMap", g.get("namespace"), g["name"])
-                 for g in kustomization.get("configMapGenerator") or []]
+    expected += component_objects(MONITORING)
     if sorted(map(identity, built)) != sorted(expected):
         return [f"kubectl kustomize {relative(MONITORING_OVERLAY)} built "
                 f"{sorted(map(identity, built))}, but the files hold {sorted(expected)}"]
