@@ -7,7 +7,8 @@
    PrometheusRule NAME (its groups extracted, annotations left out: promtool would
    otherwise want every annotation's text repeated in each case). Every alert has a case
    where it fires and one where it stays silent.
-3. dashboard: manifests/monitoring/dashboard.json is what dashboard.py prints.
+3. dashboard: manifests/monitoring/dashboard.json is what dashboard.py prints; its
+   panels have unique ids, a query and a description each, and do not overlap.
 4. exported: every metric an alert or a dashboard query names is one the binary
    (RECONCILE_WATCHDOG_BIN) exports: `demo` is started and its /metrics scraped. The
    metrics of issues 10 and 11 (PENDING) are not exported yet: only the rules of the
@@ -15,6 +16,7 @@
    soon as the binary exports one, saying how to switch its alerts on.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -178,7 +180,31 @@ def check_dashboard():
                 f"regenerate it: python3 manifests/monitoring/dashboard.py > "
                 f"manifests/monitoring/dashboard.json"]
     print(f"ok   {relative(MONITORING / 'dashboard.json')} is what dashboard.py prints")
-    return []
+    return check_dashboard_layout(json.loads(actual))
+
+
+def check_dashboard_layout(dashboard):
+    """Unique panel ids, a query in every panel, no two panels on the same grid cell."""
+    failures, cells, ids = [], {}, set()
+    for p in dashboard["panels"]:
+        where = f"dashboard panel {p.get('id')} {p.get('title')!r}"
+        if p["id"] in ids:
+            failures.append(f"{where}: its id is not unique")
+        ids.add(p["id"])
+        if p["type"] != "row" and not (p.get("targets") and p.get("description")):
+            failures.append(f"{where}: no query or no description")
+        g = p["gridPos"]
+        if g["x"] + g["w"] > 24:
+            failures.append(f"{where}: wider than the grid's 24 columns")
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                if (x, y) in cells:
+                    failures.append(f"{where}: overlaps panel {cells[(x, y)]}")
+                    break
+                cells[(x, y)] = p["id"]
+    if not failures:
+        print(f"ok   dashboard: {len(ids)} panels, ids unique, none overlapping")
+    return failures
 
 
 def dashboard_queries(dashboard):
