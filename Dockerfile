@@ -10,7 +10,7 @@ FROM rust:1.95-alpine AS build
 # Unpinned on purpose: Alpine drops superseded package versions, so pins would break the
 # build; these two only compile, nothing of them reaches the image.
 # hadolint ignore=DL3018
-RUN apk add --no-cache gcc musl-dev
+RUN apk add --no-cache gcc musl-dev bash
 WORKDIR /src
 COPY . .
 # The caches speed up rebuilds; the binary is copied out of the cached target dir.

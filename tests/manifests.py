@@ -1,11 +1,15 @@
 """Offline checks of manifests/ and the Dockerfile, run by tests/manifests.sh in the test venv.
 
 1. kustomization: every resource it lists exists, every manifest in manifests/ is listed,
-   and `kubectl kustomize` builds it into exactly the objects of those files.
+   and `kubectl kustomize` builds it into exactly the objects of those files. The same
+   for the monitoring component (manifests/monitoring/, opt-in, and the component in its
+   api-and-leader/ folder), built into the install by tests/monitoring/overlay.
 2. schemas: every document of every YAML file under manifests/ validates, strictly
    (unknown fields fail), against the Kubernetes schemas bundled by kubernetes-validate,
-   or, for a custom resource, against its CRD's schema from manifests/. A document that
-   neither knows fails: nothing is skipped.
+   or, for a custom resource, against its CRD's schema from manifests/, or, for the
+   Prometheus Operator's kinds (manifests/monitoring/), against the schema of their
+   models in cloudcoil-models-prometheus-operator. A document that none knows fails:
+   nothing is skipped.
 3. checkov: no failed check on manifests/ (kubernetes) nor on the Dockerfile; skips must
    be written beside the resource, with a reason, and are listed here.
 4. hadolint: no finding on the Dockerfile (an ignore is written beside the line, with why).
@@ -29,11 +33,20 @@ import sys
 
 import jsonschema
 import yaml
+from cloudcoil.models.prometheus_operator import v1 as prometheus_operator
 from kubernetes_validate import utils as kv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
 KUSTOMIZATION = MANIFESTS / "kustomization.yaml"
+MONITORING = MANIFESTS / "monitoring"
+MONITORING_OVERLAY = ROOT / "tests" / "monitoring" / "overlay"
+# The Prometheus Operator's kinds that manifests/monitoring/ uses. kubernetes-validate
+# bundles only Kubernetes' own kinds, and the operator publishes its CRDs as YAML in its
+# repository, not on PyPI; cloudcoil-models-prometheus-operator has pydantic models
+# generated from them (0.80.1; its newer releases need Python 3.14), whose JSON Schema
+# these are checked against.
+PROMETHEUS_OPERATOR_KINDS = ("ServiceMonitor", "PrometheusRule")
 DOCKERFILE = ROOT / "Dockerfile"
 # The oldest Kubernetes the manifests support, and the newest kubernetes-validate bundles.
 KUBERNETES_VERSIONS = sorted({"1.33.0", kv.latest_version()})
@@ -67,7 +80,106 @@ def check_kustomization():
             failures.append(f"{relative(path)}: not listed in {relative(KUSTOMIZATION)}")
     if failures:
         return failures
-    return check_kustomize_build(listed)
+    return (check_kustomize_build(listed)
+            + check_components()
+            + check_monitoring_build(listed))
+
+
+def component_files(folder):
+    """The files a kustomization in `folder` lists: resources and generator files."""
+    (kustomization,) = documents(folder / "kustomization.yaml")
+    files = list(kustomization.get("resources") or [])
+    for generator in kustomization.get("configMapGenerator") or []:
+        files += [f.split("=", 1)[-1] for f in generator.get("files") or []]
+    return kustomization, files
+
+
+def check_components():
+    """Each component under manifests/ lists every manifest of its folder, and all exist."""
+    failures = []
+    for path in sorted(MANIFESTS.rglob("kustomization.yaml")):
+        if path == KUSTOMIZATION:
+            continue
+        folder = path.parent
+        kustomization, files = component_files(folder)
+        if kustomization.get("kind") != "Component":
+            failures.append(f"{relative(path)}: is a {kustomization.get('kind')}, not a Component")
+        for name in files + list(kustomization.get("components") or []):
+            if not (folder / name).exists():
+                failures.append(f"{relative(path)}: {name} does not exist")
+        for manifest in sorted(folder.glob("*.y*ml")):
+            if manifest != path and manifest.name not in files:
+                failures.append(f"{relative(manifest)}: not listed in {relative(path)}")
+    return failures
+
+
+def component_objects(folder):
+    """The identities of what the component in `folder` adds, its own components' too."""
+    (kustomization,) = documents(folder / "kustomization.yaml")
+    objects = [identity(doc) for name in kustomization.get("resources") or []
+               for doc in documents(folder / name)]
+    objects += [("v1", "ConfigMap", g.get("namespace"), g["name"])
+                for g in kustomization.get("configMapGenerator") or []]
+    for name in kustomization.get("components") or []:
+        objects += component_objects(folder / name)
+    return objects
+
+
+def check_monitoring_build(listed):
+    """The install with the monitoring component builds into its objects and the base's."""
+    kubectl = pathlib.Path(sys.executable).parent / "kubectl"
+    run = subprocess.run([str(kubectl), "kustomize", relative(MONITORING_OVERLAY)],
+                         cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        return [f"kubectl kustomize {relative(MONITORING_OVERLAY)} failed: {run.stderr.strip()}"]
+    built = [doc for doc in yaml.safe_load_all(run.stdout) if doc]
+    expected = [identity(doc) for name in listed for doc in documents(MANIFESTS / name)]
+    expected += component_objects(MONITORING)
+    if sorted(map(identity, built)) != sorted(expected):
+        return [f"kubectl kustomize {relative(MONITORING_OVERLAY)} built "
+                f"{sorted(map(identity, built))}, but the files hold {sorted(expected)}"]
+    print(f"ok   kubectl kustomize {relative(MONITORING_OVERLAY)}: {len(built)} objects")
+    return check_generated(built) + check_service_monitor(built)
+
+
+def check_generated(built):
+    """The objects kustomize generates (the dashboard's ConfigMap) have no file to be
+    validated from: validate them as built."""
+    failures = []
+    for doc in built:
+        if doc["kind"] != "ConfigMap":
+            continue
+        where = f"{relative(MONITORING_OVERLAY)}: ConfigMap/{doc['metadata']['name']}"
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kv.validate(doc, version, strict=True)
+                print(f"ok   {where} against Kubernetes {version}")
+            except kv.ValidationError as error:
+                failures.append(f"{where}: invalid for Kubernetes {version}: {error.message}")
+    return failures
+
+
+def check_service_monitor(built):
+    """The ServiceMonitor selects the metrics Service by its labels and names its port."""
+    failures = []
+    services = [d for d in built if d["kind"] == "Service"]
+    for monitor in (d for d in built if d["kind"] == "ServiceMonitor"):
+        where = f"ServiceMonitor/{monitor['metadata']['name']}"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        selected = [s for s in services
+                    if s["metadata"]["namespace"] == monitor["metadata"]["namespace"]
+                    and selector.items() <= (s["metadata"].get("labels") or {}).items()]
+        if not selected:
+            failures.append(f"{where}: selects no Service of the install")
+        ports = {p.get("name") for s in selected for p in s["spec"]["ports"]}
+        for endpoint in monitor["spec"]["endpoints"]:
+            if endpoint.get("port") not in ports:
+                failures.append(f"{where}: port {endpoint.get('port')!r} is not a port of "
+                                f"the Services it selects ({sorted(ports)})")
+        if not failures:
+            print(f"ok   {where} selects Service/{selected[0]['metadata']['name']} port "
+                  f"{', '.join(e['port'] for e in monitor['spec']['endpoints'])}")
+    return failures
 
 
 def identity(doc):
@@ -125,6 +237,28 @@ def openapi_to_jsonschema(schema):
     return schema
 
 
+def prometheus_operator_schemas():
+    """(apiVersion, kind) -> JSON Schema of each of PROMETHEUS_OPERATOR_KINDS, strict
+    (unknown fields fail, as the API server would prune them silently)."""
+
+    def strict(node):
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for child in node.values():
+                strict(child)
+        elif isinstance(node, list):
+            for child in node:
+                strict(child)
+        return node
+
+    return {
+        ("monitoring.coreos.com/v1", kind):
+            strict(getattr(prometheus_operator, kind).model_json_schema(by_alias=True))
+        for kind in PROMETHEUS_OPERATOR_KINDS
+    }
+
+
 def custom_resource_schemas(docs):
     """(apiVersion, kind) -> JSON Schema, for every served version of every CRD given."""
     schemas = {}
@@ -144,18 +278,29 @@ def check_schemas():
     docs = [
         (path, doc)
         for path in manifest_files()
-        if path != KUSTOMIZATION
         for doc in documents(path)
+        if path.name != "kustomization.yaml"
     ]
     if not docs:
         return [f"{relative(MANIFESTS)}: no manifests found"]
     crs = custom_resource_schemas(docs)
+    operator_schemas = prometheus_operator_schemas()
     for path, doc in docs:
         if not isinstance(doc, dict) or "apiVersion" not in doc or "kind" not in doc:
             failures.append(f"{relative(path)}: not a Kubernetes object (no apiVersion or kind)")
             continue
         where = f"{relative(path)}: {doc['kind']}/{(doc.get('metadata') or {}).get('name')}"
         key = (doc["apiVersion"], doc["kind"])
+        if key in operator_schemas:
+            errors = sorted(jsonschema.Draft202012Validator(operator_schemas[key])
+                            .iter_errors(doc), key=str)
+            for error in errors:
+                at = ".".join(str(p) for p in error.absolute_path) or "(root)"
+                failures.append(f"{where}: does not match the Prometheus Operator's "
+                                f"schema: {at}: {error.message}")
+            if not errors:
+                print(f"ok   {where} matches the Prometheus Operator's schema")
+            continue
         if key in crs:
             # apiVersion, kind and metadata are the API server's; the CRD schema covers the rest.
             body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}
