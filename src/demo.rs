@@ -92,6 +92,7 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
     let watchdog = builder.watch_runtime(runtime.handle().clone()).start()?;
     let probe = watchdog.probe_address().map(loopback);
     let metrics = watchdog.metrics_address().map(loopback);
+    let debug = watchdog.debug_address().map(loopback);
 
     let hung = &CONTROLLERS[HUNG_CONTROLLER];
     println!(
@@ -104,9 +105,11 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         humantime::format_duration(options.hang_after),
     );
     if let Some(addr) = probe {
-        println!(
-            "probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose http://{addr}/debug/reconciles"
-        );
+        println!("probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose");
+    }
+    match debug {
+        Some(addr) => println!("debug: http://{addr}/debug/reconciles"),
+        None => println!("debug: off"),
     }
     match metrics {
         Some(addr) => println!("metrics: http://{addr}/metrics"),

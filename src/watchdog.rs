@@ -1,5 +1,5 @@
 //! One call to set up the whole watchdog: registry, monitor thread, health sets and the
-//! probe server.
+//! probe, metrics and debug servers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use crate::guard::{Deadlines, Registry};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
-use crate::probes::{self, HttpServer, Probes};
+use crate::probes::{self, DebugViews, HttpServer, Probes};
 
 /// Errors of starting the watchdog.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +23,9 @@ pub enum Error {
     /// The metrics server did not start.
     #[error("failed to start the metrics server")]
     Metrics(#[source] probes::Error),
+    /// The debug server did not start.
+    #[error("failed to start the debug server")]
+    Debug(#[source] probes::Error),
 }
 
 /// Configures and starts a [`Watchdog`].
@@ -34,6 +37,8 @@ pub struct Builder {
     metrics_address: Option<SocketAddr>,
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
+    debug_address: Option<SocketAddr>,
+    reasons_to_all_peers: bool,
 }
 
 impl Builder {
@@ -89,6 +94,22 @@ impl Builder {
         self
     }
 
+    /// Serves the debug views (`/debug/reconciles`) on `addr`; `None` (the default)
+    /// serves none. Keep it on loopback: the views name objects.
+    #[must_use]
+    pub fn debug_address(mut self, addr: impl Into<Option<SocketAddr>>) -> Self {
+        self.debug_address = addr.into();
+        self
+    }
+
+    /// Probe failure reasons go to every peer, not only to loopback peers (by default
+    /// others read `reason withheld`, and the log has the reason).
+    #[must_use]
+    pub fn failure_reasons_to_all_peers(mut self, yes: bool) -> Self {
+        self.reasons_to_all_peers = yes;
+        self
+    }
+
     /// Watches the heartbeat of the runtime behind `handle` (the `runtime` check).
     #[must_use]
     pub fn watch_runtime(mut self, handle: tokio::runtime::Handle) -> Self {
@@ -133,11 +154,12 @@ impl Builder {
         let probes = self
             .probe_address
             .map(|addr| {
-                let probes = Probes::new(Arc::clone(&health), registry.clone());
+                let probes = Probes::new(Arc::clone(&health))
+                    .reasons_to_all_peers(self.reasons_to_all_peers);
                 HttpServer::spawn(
                     "probe-server",
                     addr,
-                    Arc::new(move |method, path, query| probes.respond(method, path, query)),
+                    Arc::new(move |request| probes.respond(request)),
                 )
             })
             .transpose()
@@ -145,12 +167,24 @@ impl Builder {
         let metrics_server = match (&metrics, self.metrics_address) {
             (Some(metrics), Some(addr)) => {
                 let metrics = Arc::clone(metrics);
-                let handler: probes::server::Handler =
-                    Arc::new(move |method, path, _query| metrics.respond(method, path));
+                let handler: probes::Handler =
+                    Arc::new(move |request| metrics.respond(request.method, request.path));
                 Some(HttpServer::spawn("metrics-server", addr, handler).map_err(Error::Metrics)?)
             }
             _ => None,
         };
+        let debug_server = self
+            .debug_address
+            .map(|addr| {
+                let views = DebugViews::new(registry.clone());
+                HttpServer::spawn(
+                    "debug-server",
+                    addr,
+                    Arc::new(move |request| views.respond(request)),
+                )
+            })
+            .transpose()
+            .map_err(Error::Debug)?;
         Ok(Watchdog {
             registry,
             health,
@@ -158,6 +192,7 @@ impl Builder {
             probes,
             metrics,
             metrics_server,
+            debug_server,
         })
     }
 }
@@ -171,6 +206,7 @@ pub struct Watchdog {
     probes: Option<HttpServer>,
     metrics: Option<Arc<Metrics>>,
     metrics_server: Option<HttpServer>,
+    debug_server: Option<HttpServer>,
 }
 
 impl Watchdog {
@@ -184,6 +220,8 @@ impl Watchdog {
             metrics_address: None,
             runtime: None,
             diagnostics: monitor::Diagnostics::default(),
+            debug_address: None,
+            reasons_to_all_peers: false,
         }
     }
 
@@ -221,5 +259,11 @@ impl Watchdog {
     #[must_use]
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// Where the debug views are served, if they are.
+    #[must_use]
+    pub fn debug_address(&self) -> Option<SocketAddr> {
+        self.debug_server.as_ref().map(HttpServer::local_addr)
     }
 }

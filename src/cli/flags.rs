@@ -57,6 +57,14 @@ pub struct WatchdogArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_SHUTDOWN_GRACE", value_name = "DURATION", default_value = "30s", value_parser = duration)]
     pub shutdown_grace: Duration,
 
+    /// Debug views address (/debug/reconciles; host:port, or :port); keep it on loopback and reach it with kubectl port-forward; 0 disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_DEBUG_BIND_ADDRESS", value_name = "ADDR", default_value = "127.0.0.1:8082", value_parser = metrics_address)]
+    pub debug_bind_address: DebugAddress,
+
+    /// Show probe failure reasons to every peer; by default only loopback peers read them and others read "reason withheld"
+    #[arg(long, env = "RECONCILE_WATCHDOG_SHOW_FAILURE_REASONS_TO_ALL_PEERS")]
+    pub show_failure_reasons_to_all_peers: bool,
+
     /// Log format; the level comes from RUST_LOG (default info)
     #[arg(long, env = "RECONCILE_WATCHDOG_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -112,6 +120,8 @@ impl WatchdogArgs {
             )
             .probe_address(self.health_probe_bind_address)
             .metrics_address(self.metrics_bind_address.socket_addr())
+            .debug_address(self.debug_bind_address.socket_addr())
+            .failure_reasons_to_all_peers(self.show_failure_reasons_to_all_peers)
             .stack_capture_after(match self.stack_capture_after {
                 StackCaptureAfter::After(after) => Some(after),
                 StackCaptureAfter::Off => None,
@@ -168,6 +178,9 @@ impl MetricsAddress {
         }
     }
 }
+
+/// `--debug-bind-address`: an address, or disabled by `0`, as the metrics address.
+pub type DebugAddress = MetricsAddress;
 
 const DURATION_FORM: &str = "expected a duration such as 500ms, 90s, 5m or 1h30m";
 

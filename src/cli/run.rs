@@ -101,6 +101,9 @@ fn run(args: &RunArgs) -> Result<ExitCode, Error> {
     if let Some(addr) = watchdog.probe_address() {
         tracing::info!(%addr, "probe server listening");
     }
+    if let Some(addr) = watchdog.debug_address() {
+        tracing::info!(%addr, "debug server listening");
+    }
     if args.enable_fault_injection {
         tracing::warn!(
             "fault injection is on: the {} annotation is honoured",
