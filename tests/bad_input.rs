@@ -157,3 +157,29 @@ fn the_probe_server_survives_a_thousand_malformed_requests() {
     assert_eq!((healthz.status, healthz.body.as_str()), (200, "ok"));
     assert!(!process.logs().iter().any(|l| l.contains("panicked")));
 }
+
+#[test]
+fn a_value_that_is_not_utf8_exits_2_naming_its_flag() {
+    use std::os::unix::ffi::OsStrExt;
+    let cases = [
+        ("--reconcile-deadline", false),
+        ("--health-probe-bind-address", true),
+        ("--on-hang", true),
+    ];
+    for (flag, separate) in cases {
+        let value = std::ffi::OsStr::from_bytes(b"5\xffs");
+        let mut command = Command::new(BIN);
+        command.arg("demo");
+        if separate {
+            command.arg(flag).arg(value);
+        } else {
+            let mut arg = std::ffi::OsString::from(format!("{flag}="));
+            arg.push(value);
+            command.arg(arg);
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(&format!("'{flag}")), "{stderr}");
+    }
+}

@@ -65,7 +65,7 @@ pub struct DemoArgs {
 
 /// Parses the arguments (exit status 2 on bad input, from clap) and runs the command.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     match cli.command {
         Command::Demo(args) => {
             logging::init(args.watchdog.log_format);
@@ -93,6 +93,41 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::main(args),
         Command::Crd => run::crd(),
     }
+}
+
+/// Parses `args` as clap does, except that a value that is not UTF-8 is refused
+/// naming its flag (clap names none).
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    Cli::try_parse_from(&args).map_err(|error| {
+        if error.kind() != clap::error::ErrorKind::InvalidUtf8 {
+            return error;
+        }
+        match flag_of_non_utf8_value(&args) {
+            Some(flag) => clap::Error::raw(
+                clap::error::ErrorKind::InvalidUtf8,
+                format!("invalid UTF-8 in the value of '{flag}'\n"),
+            )
+            .with_cmd(&<Cli as clap::CommandFactory>::command()),
+            None => error,
+        }
+    })
+}
+
+/// The flag whose value is the first argument that is not UTF-8: `--flag=VALUE`, or
+/// `--flag VALUE`.
+fn flag_of_non_utf8_value(args: &[std::ffi::OsString]) -> Option<String> {
+    let at = args.iter().position(|a| a.to_str().is_none())?;
+    let lossy = args[at].to_string_lossy();
+    if let Some((flag, _)) = lossy.split_once('=').filter(|(f, _)| f.starts_with("--")) {
+        return Some(flag.to_owned());
+    }
+    let previous = args.get(at.checked_sub(1)?)?.to_str()?;
+    previous.starts_with("--").then(|| previous.to_owned())
 }
 
 /// Exit status 1 with the whole error chain on stderr.

@@ -33,21 +33,24 @@ impl DebugViews {
     /// for other methods. Never panics.
     #[must_use]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
+        let mut response = self.respond_get(request);
+        if request.method == Method::HEAD {
+            response.body_mut().clear();
+        }
+        response
+    }
+
+    fn respond_get(&self, request: &Request<'_>) -> Response<String> {
         if request.path != "/debug/reconciles" {
             return not_found();
         }
         if request.method != Method::GET && request.method != Method::HEAD {
             return method_not_allowed();
         }
-        let limit = match row_limit(request.query) {
-            Ok(limit) => limit,
-            Err(message) => return text(StatusCode::BAD_REQUEST, message),
-        };
-        let mut response = self.reconciles(limit);
-        if request.method == Method::HEAD {
-            response.body_mut().clear();
+        match row_limit(request.query) {
+            Ok(limit) => self.reconciles(limit),
+            Err(message) => text(StatusCode::BAD_REQUEST, message),
         }
-        response
     }
 
     fn reconciles(&self, limit: usize) -> Response<String> {
