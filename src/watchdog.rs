@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::guard::{Deadlines, Registry};
+use crate::deadlines::Advisor;
+use crate::guard::{Deadlines, Fanout, Registry};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
@@ -39,6 +40,7 @@ pub struct Builder {
     diagnostics: monitor::Diagnostics,
     debug_address: Option<SocketAddr>,
     reasons_to_all_peers: bool,
+    near_miss_share: Option<f64>,
 }
 
 impl Builder {
@@ -125,16 +127,28 @@ impl Builder {
         self
     }
 
+    /// A reconcile that ends on time after more than `share` (between 0 and 1) of its
+    /// deadline is a near miss: logged (rate-limited) and counted (default 0.8; `None`
+    /// turns near misses off).
+    #[must_use]
+    pub fn near_miss_threshold(mut self, share: Option<f64>) -> Self {
+        self.near_miss_share = share;
+        self
+    }
+
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
         let metrics = self
             .metrics_address
             .map(|_| Metrics::new(Arc::clone(&health)));
-        let registry = match &metrics {
-            Some(metrics) => Registry::with_observer(self.deadlines, metrics.clone()),
-            None => Registry::new(self.deadlines),
-        };
+        let advisor = Advisor::new();
+        let mut observers = Fanout::new().with(advisor.clone());
+        if let Some(metrics) = &metrics {
+            observers = observers.with(metrics.clone());
+        }
+        let deadlines = self.deadlines.near_miss_share(self.near_miss_share);
+        let registry = Registry::with_observer(deadlines, Arc::new(observers));
         let heartbeat = self
             .runtime
             .as_ref()
@@ -176,7 +190,7 @@ impl Builder {
         let debug_server = self
             .debug_address
             .map(|addr| {
-                let views = DebugViews::new(registry.clone());
+                let views = DebugViews::new(registry.clone()).with_advisor(Arc::clone(&advisor));
                 HttpServer::spawn(
                     "debug-server",
                     addr,
@@ -186,6 +200,7 @@ impl Builder {
             .transpose()
             .map_err(Error::Debug)?;
         Ok(Watchdog {
+            advisor,
             registry,
             health,
             monitor,
@@ -200,6 +215,7 @@ impl Builder {
 /// A running watchdog. Dropping it stops the monitor and the probe server.
 #[derive(Debug)]
 pub struct Watchdog {
+    advisor: Arc<Advisor>,
     registry: Registry,
     health: Arc<Health>,
     monitor: Monitor,
@@ -222,6 +238,7 @@ impl Watchdog {
             diagnostics: monitor::Diagnostics::default(),
             debug_address: None,
             reasons_to_all_peers: false,
+            near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
         }
     }
 
@@ -229,6 +246,12 @@ impl Watchdog {
     #[must_use]
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The deadline advisor (what `/debug/deadlines` serves).
+    #[must_use]
+    pub fn advisor(&self) -> &Arc<Advisor> {
+        &self.advisor
     }
 
     /// The liveness and readiness sets, to add checks and latches to.

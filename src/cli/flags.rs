@@ -65,6 +65,10 @@ pub struct WatchdogArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_SHOW_FAILURE_REASONS_TO_ALL_PEERS")]
     pub show_failure_reasons_to_all_peers: bool,
 
+    /// A reconcile that ends on time after more than this share of its deadline is a near miss: one WARN (at most one a minute per controller) and a count; off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_NEAR_MISS_THRESHOLD", value_name = "PERCENT", default_value = "80%", value_parser = near_miss_threshold)]
+    pub near_miss_threshold: NearMissThreshold,
+
     /// Log format; the level comes from RUST_LOG (default info)
     #[arg(long, env = "RECONCILE_WATCHDOG_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -126,6 +130,7 @@ impl WatchdogArgs {
                 StackCaptureAfter::After(after) => Some(after),
                 StackCaptureAfter::Off => None,
             })
+            .near_miss_threshold(self.near_miss_threshold.share())
     }
 }
 
@@ -217,6 +222,44 @@ fn duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
         .map_err(|e| format!("{e}, or off"))
 }
 
+/// `--near-miss-threshold`: a share of the deadline, or off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NearMissThreshold {
+    /// Past this share (between 0 and 1, exclusive) of the deadline.
+    Share(f64),
+    /// No near misses.
+    Off,
+}
+
+impl NearMissThreshold {
+    /// The share, `None` when off.
+    #[must_use]
+    pub fn share(self) -> Option<f64> {
+        match self {
+            Self::Share(share) => Some(share),
+            Self::Off => None,
+        }
+    }
+}
+
+/// A percentage strictly between 0 and 100 (`80%`, `92.5%`), or `off`.
+fn near_miss_threshold(s: &str) -> Result<NearMissThreshold, String> {
+    const FORM: &str =
+        "expected a percentage of the deadline between 0% and 100%, such as 80%, or off";
+    let s = s.trim();
+    if s == "off" {
+        return Ok(NearMissThreshold::Off);
+    }
+    let percent: f64 = s
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| format!("{s:?}: {FORM}"))?;
+    if !(percent > 0.0 && percent < 100.0) {
+        return Err(format!("{s:?} is out of range: {FORM}"));
+    }
+    Ok(NearMissThreshold::Share(percent / 100.0))
+}
+
 fn bind_address(s: &str) -> Result<SocketAddr, String> {
     parse_bind_address(s).map_err(|e| e.to_string())
 }
@@ -295,5 +338,24 @@ mod tests {
                 .unwrap_err()
                 .contains("or 0 to disable")
         );
+    }
+
+    #[test]
+    fn near_miss_thresholds() {
+        assert_eq!(near_miss_threshold("off"), Ok(NearMissThreshold::Off));
+        assert_eq!(
+            near_miss_threshold("80%"),
+            Ok(NearMissThreshold::Share(0.8))
+        );
+        assert_eq!(
+            near_miss_threshold(" 92.5% "),
+            Ok(NearMissThreshold::Share(0.925))
+        );
+        for bad in [
+            "80", "0.8", "0%", "100%", "150%", "-5%", "NaN%", "inf%", "%", "",
+        ] {
+            let error = near_miss_threshold(bad).unwrap_err();
+            assert!(error.contains("such as 80%, or off"), "{bad}: {error}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The command line: flags, subcommands and logging set-up. The only module that knows
 //! about the process (its arguments, exit status and signals).
 
+pub mod deadlines;
 pub mod flags;
 pub mod logging;
 pub mod run;
@@ -34,6 +35,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the reference operator's CRD as YAML
     Crd,
+    /// Read a running operator's /debug/deadlines and print its figures and suggested
+    /// deadlines per controller, with the flag lines to paste
+    Deadlines(deadlines::DeadlinesArgs),
 }
 
 /// `demo`'s flags.
@@ -92,6 +96,7 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run::main(args),
         Command::Crd => run::crd(),
+        Command::Deadlines(args) => deadlines::main(&args),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The debug views (`/debug/reconciles`), served on their own address (loopback by
 //! default) and their own thread, so that a heavy view never delays a probe.
 
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
@@ -8,6 +9,7 @@ use warp::http::{Method, Response, StatusCode, header};
 
 use super::routes::{method_not_allowed, not_found, text};
 use super::server::Request;
+use crate::deadlines::{self, Advisor};
 use crate::guard::{InFlight, PollState, Registry};
 
 /// Rows of `/debug/reconciles` unless `?limit=N` asks for another number.
@@ -20,13 +22,24 @@ pub const TOTAL_HEADER: &str = "x-reconciles-in-flight";
 #[derive(Clone, Debug)]
 pub struct DebugViews {
     registry: Registry,
+    advisor: Option<Arc<Advisor>>,
 }
 
 impl DebugViews {
     /// The debug views of `registry`.
     #[must_use]
     pub fn new(registry: Registry) -> Self {
-        Self { registry }
+        Self {
+            registry,
+            advisor: None,
+        }
+    }
+
+    /// Also serves `/debug/deadlines` from `advisor`.
+    #[must_use]
+    pub fn with_advisor(mut self, advisor: Arc<Advisor>) -> Self {
+        self.advisor = Some(advisor);
+        self
     }
 
     /// The response to `request`: `GET|HEAD /debug/reconciles`, 404 elsewhere, 405
@@ -41,6 +54,12 @@ impl DebugViews {
     }
 
     fn respond_get(&self, request: &Request<'_>) -> Response<String> {
+        if let ("/debug/deadlines", Some(advisor)) = (request.path, &self.advisor) {
+            if request.method != Method::GET && request.method != Method::HEAD {
+                return method_not_allowed();
+            }
+            return deadlines::view::respond(advisor, &self.registry);
+        }
         if request.path != "/debug/reconciles" {
             return not_found();
         }
