@@ -65,6 +65,15 @@ pub struct DemoArgs {
     /// Objects per synthetic controller
     #[arg(long, env = "RECONCILE_WATCHDOG_DEMO_OBJECTS", value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub objects: u32,
+
+    /// Every Nth reconcile of deployment-scaler runs 85% of its deadline, a near miss (0: never)
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_DEMO_NEAR_MISS_EVERY",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub near_miss_every: u32,
 }
 
 /// Parses the arguments (exit status 2 on bad input, from clap) and runs the command.
@@ -79,6 +88,7 @@ pub fn main() -> ExitCode {
                 hang_for: args.hang_for,
                 duration: args.duration,
                 objects: args.objects,
+                near_miss_every: args.near_miss_every,
             };
             let signals = match signals::listen() {
                 Ok(signals) => signals,

@@ -7,7 +7,8 @@
 //! as one WARN naming the controller, the object, the duration and the deadline, at most
 //! once per controller per [`NEAR_MISS_LOG_PERIOD`] (the next WARN counts those not
 //! logged). [`Advisor::report`] turns the sketches into the JSON of `/debug/deadlines`,
-//! with a suggested deadline per controller ([`suggest`]).
+//! with a suggested deadline per controller ([`suggest`]). Reconciles the monitor
+//! reported hung are counted as hangs and left out of the durations.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -172,6 +173,11 @@ impl Observer for Advisor {
         };
         if end.reported_hung {
             stats.hangs_ended.fetch_add(1, Ordering::Relaxed);
+            // A hang says nothing of how long honest work takes: one released after an
+            // hour would make the advisor suggest hours. `finished` sketched it just now.
+            if matches!(end.outcome, Outcome::Ok | Outcome::Error | Outcome::Panic) {
+                stats.sketch.forget(end.elapsed);
+            }
         }
         if end.is_near_miss() {
             self.near_miss(stats, end);
@@ -318,8 +324,10 @@ mod tests {
         advisor.ended_late(&end(850, false));
         advisor.ended_late(&end(1_000, false));
         advisor.ended_late(&end(1_001, false));
+        advisor.finished("jobs", "Job", Outcome::Ok, Duration::from_millis(5_000));
         advisor.ended_late(&end(5_000, true));
         let jobs = advisor.stats("jobs").unwrap();
+        assert_eq!(jobs.sketch.summary().count(), 0, "the hang is left out");
         assert_eq!(jobs.near_misses.load(Ordering::Relaxed), 2);
         assert_eq!(jobs.hangs_ended.load(Ordering::Relaxed), 1);
         // The first near miss was logged, the second counted for the next WARN.

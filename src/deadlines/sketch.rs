@@ -72,6 +72,16 @@ impl Sketch {
         }
     }
 
+    /// Takes back one duration recorded before (a reconcile found to have hung).
+    /// The exact maximum cannot be taken back: the summary's maximum is then the upper
+    /// bound of the highest bucket still counted.
+    pub fn forget(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        let _ =
+            self.counts[bucket(nanos)]
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
     /// A copy to compute quantiles from. Concurrent records may land on either side.
     #[must_use]
     pub fn summary(&self) -> Summary {
@@ -80,10 +90,11 @@ impl Sketch {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
+        let highest = counts.iter().rposition(|n| *n > 0).map_or(0, upper_bound);
         Summary {
             count: counts.iter().sum(),
             counts,
-            max: Duration::from_nanos(self.max.load(Ordering::Relaxed)),
+            max: Duration::from_nanos(self.max.load(Ordering::Relaxed).min(highest)),
         }
     }
 }
@@ -183,6 +194,24 @@ mod tests {
             assert!(got >= exact, "p{q}: {got:?} < {exact:?}");
             assert!(got <= exact + exact / 16, "p{q}: {got:?} vs {exact:?}");
         }
+    }
+
+    #[test]
+    fn a_forgotten_duration_leaves_count_and_maximum() {
+        let sketch = Sketch::default();
+        sketch.record(Duration::from_millis(100));
+        sketch.record(Duration::from_secs(600));
+        sketch.forget(Duration::from_secs(600));
+        sketch.forget(Duration::from_secs(7)); // never recorded: no underflow
+        let summary = sketch.summary();
+        assert_eq!(summary.count(), 1);
+        assert!(summary.max() >= Duration::from_millis(100));
+        assert!(
+            summary.max() <= Duration::from_millis(107),
+            "{:?}",
+            summary.max()
+        );
+        assert_eq!(summary.quantile(1.0), Some(summary.max()));
     }
 
     #[test]

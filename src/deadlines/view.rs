@@ -96,7 +96,8 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
             let overdue_now = overdue.iter().filter(|r| *r.controller == *name).count() as u64;
             let deadline = deadlines.for_controller(&name);
             let seconds = |q: f64| summary.quantile(q).map(|d| d.as_secs_f64());
-            let (suggested, reasoning) = match suggest(&summary, deadline) {
+            let hangs_ended = load(|s| &s.hangs_ended);
+            let (suggested, mut reasoning) = match suggest(&summary, deadline) {
                 Suggestion::Deadline {
                     deadline,
                     reasoning,
@@ -108,6 +109,11 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
                     ),
                 ),
             };
+            if hangs_ended > 0 {
+                reasoning.push_str(&format!(
+                    "; {hangs_ended} reconciles reported hung are left out of the durations"
+                ));
+            }
             ControllerReport {
                 deadline: flag_value(deadline),
                 deadline_seconds: deadline.as_secs_f64(),
@@ -122,7 +128,7 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
                 p999_seconds: seconds(0.999),
                 max_seconds: (summary.count() > 0).then(|| summary.max().as_secs_f64()),
                 near_misses: load(|s| &s.near_misses),
-                hangs: load(|s| &s.hangs_ended) + overdue_now,
+                hangs: hangs_ended + overdue_now,
                 suggested_deadline: suggested.map(flag_value),
                 suggested_deadline_seconds: suggested.map(|d| d.as_secs_f64()),
                 flag: suggested.map(|d| flag_line(&name, d)),
