@@ -111,7 +111,7 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
             };
             if hangs_ended > 0 {
                 reasoning.push_str(&format!(
-                    "; {hangs_ended} reconciles reported hung are left out of the durations"
+                    "; left out of the durations: {hangs_ended} reported hung"
                 ));
             }
             ControllerReport {
