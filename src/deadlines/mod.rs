@@ -120,6 +120,11 @@ impl Advisor {
         Some(stats)
     }
 
+    /// The stats of `controller`, if it has any.
+    fn get(&self, controller: &str) -> Option<&Stats> {
+        self.find(controller, self.len.load(Ordering::Acquire))
+    }
+
     fn find(&self, controller: &str, len: usize) -> Option<&Stats> {
         self.controllers[..len]
             .iter()

@@ -2,13 +2,16 @@
 //! its observed durations, near misses and hangs, and a suggested deadline with the
 //! flag line to paste. The same types read it back in `reconcile-watchdog deadlines`.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use warp::http::{Response, header};
 
+use super::sketch::Summary;
 use super::suggest::{Suggestion, flag_value, show, suggest};
-use super::{Advisor, MIN_RECONCILES, threshold_text};
+use super::{Advisor, MIN_RECONCILES, Stats, threshold_text};
 use crate::guard::Registry;
 
 /// The whole view.
@@ -86,13 +89,9 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
     let controllers = names
         .into_iter()
         .map(|name| {
-            let stats = advisor.find(&name, advisor.len.load(std::sync::atomic::Ordering::Acquire));
-            let summary = stats.map(|s| s.sketch.summary()).unwrap_or_else(|| {
-                super::sketch::Summary::of([])
-            });
-            let load = |f: fn(&super::Stats) -> &std::sync::atomic::AtomicU64| {
-                stats.map_or(0, |s| f(s).load(std::sync::atomic::Ordering::Relaxed))
-            };
+            let stats = advisor.get(&name);
+            let summary = stats.map_or_else(|| Summary::of([]), |s| s.sketch.summary());
+            let load = |f: fn(&Stats) -> &AtomicU64| stats.map_or(0, |s| f(s).load(Relaxed));
             let overdue_now = overdue.iter().filter(|r| *r.controller == *name).count() as u64;
             let deadline = deadlines.for_controller(&name);
             let seconds = |q: f64| summary.quantile(q).map(|d| d.as_secs_f64());
@@ -141,7 +140,7 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
         near_miss_threshold: threshold_text(deadlines),
         min_reconciles: MIN_RECONCILES,
         controllers,
-        untracked_reconciles: advisor.untracked.load(std::sync::atomic::Ordering::Relaxed),
+        untracked_reconciles: advisor.untracked.load(Relaxed),
     }
 }
 
