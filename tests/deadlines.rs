@@ -294,3 +294,57 @@ fn the_command_says_what_went_wrong() {
     let output = deadlines_command(&[]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
 }
+
+#[test]
+fn demo_near_misses_reach_the_log_the_view_and_the_command() {
+    // Deadline 1 s: every 10th deployment-scaler reconcile takes 850 ms.
+    let process = support::Process::demo(&[
+        "--hang-kind=none",
+        "--reconcile-deadline=1s",
+        "--near-miss-every=10",
+        "--near-miss-threshold=70%",
+        "--duration=60s",
+    ]);
+    let debug = process.debug_address().expect("a debug server");
+    let probes = process.probe_address();
+    let row = support::eventually(
+        Duration::from_secs(45),
+        "a suggestion for deployment-scaler",
+        || {
+            let view: Value = serde_json::from_str(&get(debug, "/debug/deadlines").body).unwrap();
+            assert_eq!(view["near_miss_threshold"], "70%");
+            view["controllers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["controller"] == "deployment-scaler" && c["flag"].is_string())
+                .cloned()
+        },
+    );
+    assert!(row["near_misses"].as_u64().unwrap() >= 1, "{row}");
+    assert_eq!(row["hangs"], 0, "{row}");
+    assert_eq!(get(probes, "/healthz").status, 200);
+    let warn = support::eventually(Duration::from_secs(10), "a near-miss WARN", || {
+        process
+            .events()
+            .into_iter()
+            .find(|e| e["target"] == "reconcile_watchdog::near_miss")
+    });
+    assert_eq!(warn["level"], "WARN");
+    assert_eq!(warn["controller"], "deployment-scaler");
+    assert_eq!(warn["deadline"], "1s");
+
+    let output = deadlines_command(&["--from", &format!("http://{debug}")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        stdout.contains("\n  --reconcile-deadline-for deployment-scaler="),
+        "{stdout}"
+    );
+    for controller in ["cert-renewer", "configmap-sync", "deployment-scaler"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(controller)),
+            "{controller}: {stdout}"
+        );
+    }
+}
