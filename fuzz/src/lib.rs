@@ -11,6 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use reconcile_watchdog::deadlines::Advisor;
 use reconcile_watchdog::guard::{ObjectKey, Registry};
 use reconcile_watchdog::health::{FnCheck, Health};
 use reconcile_watchdog::operator::fault::Fault;
@@ -43,7 +44,7 @@ fn fixture() -> &'static Fixture {
         );
         Fixture {
             probes: Probes::new(health),
-            views: DebugViews::new(registry),
+            views: DebugViews::new(registry).with_advisor(Advisor::new()),
         }
     })
 }
@@ -126,7 +127,7 @@ pub fn probe_request(data: &[u8]) {
 }
 
 /// The flags that take a value, `demo`'s set.
-const VALUED_FLAGS: [&str; 17] = [
+const VALUED_FLAGS: [&str; 19] = [
     "--health-probe-bind-address",
     "--metrics-bind-address",
     "--debug-bind-address",
@@ -144,6 +145,8 @@ const VALUED_FLAGS: [&str; 17] = [
     "--hang-kind",
     "--hang-for",
     "--duration",
+    "--near-miss-threshold",
+    "--near-miss-every",
 ];
 
 /// The first byte picks a flag, the rest is its value (any bytes): parsing either
