@@ -1,4 +1,4 @@
-//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; and the monitor's scan at 1,000 to 100,000 in flight.
+//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; the monitor's scan at 1,000 to 100,000 in flight; and what an end-of-reconcile observer (the deadline advisor, the metrics) adds.
 
 mod support;
 
@@ -54,6 +54,57 @@ fn scan(c: &mut Criterion) {
     group.finish();
 }
 
+/// `observed/{observer}`: one guarded `ready` reconcile on one thread, with the
+/// registry's end-of-reconcile observer: none, the deadline advisor (a duration sketch
+/// per controller), the metrics, or both as the watchdog wires them. Its difference from
+/// `observed/none` is what an observer costs per reconcile (issue 15 measures the
+/// advisor with it).
+fn observed(c: &mut Criterion) {
+    use std::sync::Arc;
+
+    use reconcile_watchdog::deadlines::Advisor;
+    use reconcile_watchdog::guard::{Fanout, ObjectKey, Observer, Registry};
+    use reconcile_watchdog::health::Health;
+    use reconcile_watchdog::metrics::Metrics;
+
+    let metrics = || Metrics::new(Arc::new(Health::new())) as Arc<dyn Observer>;
+    let advisor = || Advisor::new() as Arc<dyn Observer>;
+    let observers: [(&str, Option<Arc<dyn Observer>>); 4] = [
+        ("none", None),
+        ("advisor", Some(advisor())),
+        ("metrics", Some(metrics())),
+        (
+            "advisor_and_metrics",
+            Some(Arc::new(Fanout::new().with(advisor()).with(metrics()))),
+        ),
+    ];
+    let mut group = c.benchmark_group("observed");
+    for (name, observer) in observers {
+        let registry = match observer {
+            Some(observer) => Registry::with_observer(support::DEADLINE, observer),
+            None => Registry::new(support::DEADLINE),
+        };
+        // Three controllers, as in the demo: the advisor finds the last one's sketch.
+        for other in ["configmap-sync", "deployment-scaler"] {
+            registry
+                .controller(other, "Widget")
+                .register(ObjectKey::cluster("warm-up"))
+                .finish(reconcile_watchdog::guard::Outcome::Ok);
+        }
+        let handle = registry.controller("cert-renewer", "Certificate");
+        let object = ObjectKey::namespaced("default", "object");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                black_box(support::drive(
+                    handle.guard(object.clone(), support::NoOp::new(Shape::Ready)),
+                ))
+            });
+        });
+        assert!(registry.is_empty());
+    }
+    group.finish();
+}
+
 /// `reference/instant_now`: one monotonic clock read, the unit the guard's cost is
 /// mostly made of.
 fn clock(c: &mut Criterion) {
@@ -67,6 +118,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = guard_overhead, scan, clock
+    targets = guard_overhead, scan, clock, observed
 }
 criterion_main!(benches);

@@ -65,7 +65,13 @@ pub struct DemoOptions {
     pub duration: Option<Duration>,
     /// Objects per controller.
     pub objects: u32,
+    /// Every this many reconciles of `deployment-scaler`, one runs 85 % of its deadline:
+    /// a near miss (0: never).
+    pub near_miss_every: u32,
 }
+
+/// The controller whose reconciles `near_miss_every` slows down.
+const SLOW_CONTROLLER: usize = 1;
 
 /// The synthetic controllers: name, kind, object name prefix.
 const CONTROLLERS: [(&str, &str, &str); 3] = [
@@ -92,6 +98,7 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
     let watchdog = builder.watch_runtime(runtime.handle().clone()).start()?;
     let probe = watchdog.probe_address().map(loopback);
     let metrics = watchdog.metrics_address().map(loopback);
+    let debug = watchdog.debug_address().map(loopback);
 
     let hung = &CONTROLLERS[HUNG_CONTROLLER];
     println!(
@@ -104,9 +111,16 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
         humantime::format_duration(options.hang_after),
     );
     if let Some(addr) = probe {
-        println!(
-            "probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose http://{addr}/debug/reconciles"
-        );
+        println!("probes: http://{addr}/healthz?verbose http://{addr}/readyz?verbose");
+    }
+    match debug {
+        Some(addr) => {
+            println!("debug: http://{addr}/debug/reconciles");
+            println!(
+                "deadlines: http://{addr}/debug/deadlines (reconcile-watchdog deadlines --from http://{addr})"
+            );
+        }
+        None => println!("debug: off"),
     }
     match metrics {
         Some(addr) => println!("metrics: http://{addr}/metrics"),
@@ -127,6 +141,11 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
             options.objects,
             Arc::clone(&counters),
             Arc::clone(&hanging),
+            if index == SLOW_CONTROLLER {
+                options.near_miss_every
+            } else {
+                0
+            },
         ));
     }
     runtime.spawn(progress(Arc::clone(&counters)));
@@ -174,8 +193,12 @@ async fn controller_loop(
     objects: u32,
     counters: Arc<Vec<AtomicU64>>,
     hanging: Arc<AtomicBool>,
+    near_miss_every: u32,
 ) {
     let mut in_flight = tokio::task::JoinSet::new();
+    // 85 % of the deadline: past the default near-miss threshold, short of a hang.
+    let near_miss = handle.deadline().mul_f64(0.85);
+    let mut started = 0_u32;
     for n in (0..objects).cycle() {
         // The hung object is not reconciled again while its reconcile hangs, just as
         // kube-runtime never runs two reconciles of one object at once.
@@ -186,7 +209,10 @@ async fn controller_loop(
         while in_flight.len() >= CONCURRENCY {
             in_flight.join_next().await;
         }
-        let reconcile = handle.guard(object(index, n), synthetic_reconcile());
+        started = started.wrapping_add(1);
+        let slow =
+            (near_miss_every > 0 && started.is_multiple_of(near_miss_every)).then_some(near_miss);
+        let reconcile = handle.guard(object(index, n), synthetic_reconcile(slow));
         let counters = Arc::clone(&counters);
         in_flight.spawn(async move {
             if let Ok(_result) = reconcile.await {
@@ -196,13 +222,13 @@ async fn controller_loop(
     }
 }
 
-/// A few milliseconds of pretend API calls; one in twenty fails.
-async fn synthetic_reconcile() -> Result<(), String> {
+/// A few milliseconds of pretend API calls (or `slow`, when given); one in twenty fails.
+async fn synthetic_reconcile(slow: Option<Duration>) -> Result<(), String> {
     let (millis, fail) = {
         let mut rng = rand::rng();
         (rng.random_range(5..50), rng.random_ratio(1, 20))
     };
-    tokio::time::sleep(Duration::from_millis(millis)).await;
+    tokio::time::sleep(slow.unwrap_or(Duration::from_millis(millis))).await;
     if fail {
         Err("synthetic conflict".into())
     } else {

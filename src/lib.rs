@@ -24,6 +24,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub, clippy::all)]
 
+pub mod deadlines;
 pub mod guard;
 pub mod health;
 pub mod kube;

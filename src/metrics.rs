@@ -161,6 +161,7 @@ struct Families {
     hangs: Family<HangLabels, Counter>,
     cancellations: Family<ControllerLabels, Counter>,
     escalations: Family<ControllerLabels, Counter>,
+    near_misses: Family<ControllerLabels, Counter>,
 }
 
 /// One controller's series, resolved once so that the per-reconcile hook neither
@@ -175,6 +176,7 @@ struct ControllerSeries {
     hangs_starved: Counter,
     cancellations: Counter,
     escalations: Counter,
+    near_misses: Counter,
 }
 
 impl ControllerSeries {
@@ -204,6 +206,7 @@ impl ControllerSeries {
             hangs_starved: hangs(HangState::Starved),
             cancellations: families.cancellations.get_or_create_owned(&labels),
             escalations: families.escalations.get_or_create_owned(&labels),
+            near_misses: families.near_misses.get_or_create_owned(&labels),
         }
     }
 
@@ -248,6 +251,7 @@ impl Metrics {
             hangs: Family::default(),
             cancellations: Family::default(),
             escalations: Family::default(),
+            near_misses: Family::default(),
         };
         let scan_duration = Histogram::new(SCAN_BUCKETS);
         let runtime_heartbeat_age = Gauge::<f64, AtomicU64>::default();
@@ -283,6 +287,11 @@ impl Metrics {
             "escalations",
             "Cancellations that did not stop a reconcile and now fail liveness, by controller",
             families.escalations.clone(),
+        );
+        registry.register(
+            "near_misses",
+            "Reconciles that ended on time but past the near-miss share of their deadline (--near-miss-threshold), by controller",
+            families.near_misses.clone(),
         );
         registry.register_with_unit(
             "scan_duration",
@@ -412,6 +421,14 @@ impl guard::Observer for Metrics {
         self.with_series(controller, |series| {
             series.durations[outcome_index(outcome)].observe(elapsed.as_secs_f64());
         });
+    }
+
+    fn ended_late(&self, end: &guard::LateEnd<'_>) {
+        if end.is_near_miss() {
+            self.with_series(end.controller, |series| {
+                series.near_misses.inc();
+            });
+        }
     }
 }
 

@@ -1,16 +1,17 @@
 //! One call to set up the whole watchdog: registry, monitor thread, health sets and the
-//! probe server.
+//! probe, metrics and debug servers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::guard::{Deadlines, Registry};
+use crate::deadlines::Advisor;
+use crate::guard::{Deadlines, Fanout, Registry};
 use crate::health::Health;
 use crate::kube::apiserver::ApiServerCheck;
 use crate::metrics::Metrics;
 use crate::monitor::{self, ApiServerStatus, HangPolicy, Monitor, RuntimeHeartbeat};
-use crate::probes::{self, HttpServer, Probes};
+use crate::probes::{self, DebugViews, HttpServer, Probes};
 
 /// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
 pub const MIN_HEARTBEAT_PERIOD: Duration = Duration::from_millis(1);
@@ -35,6 +36,9 @@ pub enum Error {
     /// The metrics server did not start.
     #[error("failed to start the metrics server")]
     Metrics(#[source] probes::Error),
+    /// The debug server did not start.
+    #[error("failed to start the debug server")]
+    Debug(#[source] probes::Error),
 }
 
 /// Configures and starts a [`Watchdog`].
@@ -47,6 +51,9 @@ pub struct Builder {
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
     api_server_check: Option<Duration>,
+    debug_address: Option<SocketAddr>,
+    reasons_to_all_peers: bool,
+    near_miss_share: Option<f64>,
 }
 
 impl Builder {
@@ -102,6 +109,22 @@ impl Builder {
         self
     }
 
+    /// Serves the debug views (`/debug/reconciles`) on `addr`; `None` (the default)
+    /// serves none. Keep it on loopback: the views name objects.
+    #[must_use]
+    pub fn debug_address(mut self, addr: impl Into<Option<SocketAddr>>) -> Self {
+        self.debug_address = addr.into();
+        self
+    }
+
+    /// Probe failure reasons go to every peer, not only to loopback peers (by default
+    /// others read `reason withheld`, and the log has the reason).
+    #[must_use]
+    pub fn failure_reasons_to_all_peers(mut self, yes: bool) -> Self {
+        self.reasons_to_all_peers = yes;
+        self
+    }
+
     /// Watches the heartbeat of the runtime behind `handle` (the `runtime` check).
     #[must_use]
     pub fn watch_runtime(mut self, handle: tokio::runtime::Handle) -> Self {
@@ -135,6 +158,15 @@ impl Builder {
         self
     }
 
+    /// A reconcile that ends on time after more than `share` (between 0 and 1) of its
+    /// deadline is a near miss: logged (rate-limited) and counted (default 0.8; `None`
+    /// turns near misses off).
+    #[must_use]
+    pub fn near_miss_threshold(mut self, share: Option<f64>) -> Self {
+        self.near_miss_share = share;
+        self
+    }
+
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
@@ -142,10 +174,13 @@ impl Builder {
         let metrics = self
             .metrics_address
             .map(|_| Metrics::with_api_server(Arc::clone(&health), Arc::clone(&api_server)));
-        let registry = match &metrics {
-            Some(metrics) => Registry::with_observer(self.deadlines, metrics.clone()),
-            None => Registry::new(self.deadlines),
-        };
+        let advisor = Advisor::new();
+        let mut observers = Fanout::new().with(advisor.clone());
+        if let Some(metrics) = &metrics {
+            observers = observers.with(metrics.clone());
+        }
+        let deadlines = self.deadlines.near_miss_share(self.near_miss_share);
+        let registry = Registry::with_observer(deadlines, Arc::new(observers));
         let heartbeat = self.runtime.as_ref().map(|handle| {
             RuntimeHeartbeat::spawn(
                 handle,
@@ -173,11 +208,12 @@ impl Builder {
         let probes = self
             .probe_address
             .map(|addr| {
-                let probes = Probes::new(Arc::clone(&health), registry.clone());
+                let probes = Probes::new(Arc::clone(&health))
+                    .reasons_to_all_peers(self.reasons_to_all_peers);
                 HttpServer::spawn(
                     "probe-server",
                     addr,
-                    Arc::new(move |method, path, query| probes.respond(method, path, query)),
+                    Arc::new(move |request| probes.respond(request)),
                 )
             })
             .transpose()
@@ -185,20 +221,34 @@ impl Builder {
         let metrics_server = match (&metrics, self.metrics_address) {
             (Some(metrics), Some(addr)) => {
                 let metrics = Arc::clone(metrics);
-                let handler: probes::server::Handler =
-                    Arc::new(move |method, path, _query| metrics.respond(method, path));
+                let handler: probes::Handler =
+                    Arc::new(move |request| metrics.respond(request.method, request.path));
                 Some(HttpServer::spawn("metrics-server", addr, handler).map_err(Error::Metrics)?)
             }
             _ => None,
         };
+        let debug_server = self
+            .debug_address
+            .map(|addr| {
+                let views = DebugViews::new(registry.clone()).with_advisor(Arc::clone(&advisor));
+                HttpServer::spawn(
+                    "debug-server",
+                    addr,
+                    Arc::new(move |request| views.respond(request)),
+                )
+            })
+            .transpose()
+            .map_err(Error::Debug)?;
         Ok(Watchdog {
             api_server,
+            advisor,
             registry,
             health,
             monitor,
             probes,
             metrics,
             metrics_server,
+            debug_server,
         })
     }
 }
@@ -207,12 +257,14 @@ impl Builder {
 #[derive(Debug)]
 pub struct Watchdog {
     api_server: Arc<ApiServerCheck>,
+    advisor: Arc<Advisor>,
     registry: Registry,
     health: Arc<Health>,
     monitor: Monitor,
     probes: Option<HttpServer>,
     metrics: Option<Arc<Metrics>>,
     metrics_server: Option<HttpServer>,
+    debug_server: Option<HttpServer>,
 }
 
 impl Watchdog {
@@ -227,6 +279,9 @@ impl Watchdog {
             runtime: None,
             diagnostics: monitor::Diagnostics::default(),
             api_server_check: Some(Duration::from_secs(5)),
+            debug_address: None,
+            reasons_to_all_peers: false,
+            near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
         }
     }
 
@@ -242,6 +297,12 @@ impl Watchdog {
     #[must_use]
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// The deadline advisor (what `/debug/deadlines` serves).
+    #[must_use]
+    pub fn advisor(&self) -> &Arc<Advisor> {
+        &self.advisor
     }
 
     /// The liveness and readiness sets, to add checks and latches to.
@@ -272,5 +333,11 @@ impl Watchdog {
     #[must_use]
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(HttpServer::local_addr)
+    }
+
+    /// Where the debug views are served, if they are.
+    #[must_use]
+    pub fn debug_address(&self) -> Option<SocketAddr> {
+        self.debug_server.as_ref().map(HttpServer::local_addr)
     }
 }

@@ -15,7 +15,8 @@ fn demo_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     command
         .arg("demo")
         .args(args)
-        .args(["--duration=1s", "--health-probe-bind-address=127.0.0.1:0"]);
+        .args(["--duration=1s", "--health-probe-bind-address=127.0.0.1:0"])
+        .env(support::DEBUG_ADDRESS_ENV, "127.0.0.1:0");
     for (k, v) in env {
         command.env(k, v);
     }
@@ -31,6 +32,7 @@ fn each_malformed_flag_exits_2_naming_it() {
     let cases = [
         ("--health-probe-bind-address", "localhost"),
         ("--metrics-bind-address", "everywhere"),
+        ("--debug-bind-address", "loopback"),
         ("--reconcile-deadline", "5 parsecs"),
         ("--reconcile-deadline", "0s"),
         ("--reconcile-deadline-for", "configmaps"),
@@ -85,6 +87,7 @@ fn a_taken_probe_port_exits_1_naming_the_address() {
     let out = Command::new(BIN)
         .args(["demo", "--duration=5s", "--metrics-bind-address=0"])
         .arg(format!("--health-probe-bind-address={addr}"))
+        .env(support::DEBUG_ADDRESS_ENV, "127.0.0.1:0")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -153,4 +156,30 @@ fn the_probe_server_survives_a_thousand_malformed_requests() {
     let healthz = get(addr, "/healthz");
     assert_eq!((healthz.status, healthz.body.as_str()), (200, "ok"));
     assert!(!process.logs().iter().any(|l| l.contains("panicked")));
+}
+
+#[test]
+fn a_value_that_is_not_utf8_exits_2_naming_its_flag() {
+    use std::os::unix::ffi::OsStrExt;
+    let cases = [
+        ("--reconcile-deadline", false),
+        ("--health-probe-bind-address", true),
+        ("--on-hang", true),
+    ];
+    for (flag, separate) in cases {
+        let value = std::ffi::OsStr::from_bytes(b"5\xffs");
+        let mut command = Command::new(BIN);
+        command.arg("demo");
+        if separate {
+            command.arg(flag).arg(value);
+        } else {
+            let mut arg = std::ffi::OsString::from(format!("{flag}="));
+            arg.push(value);
+            command.arg(arg);
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(&format!("'{flag}")), "{stderr}");
+    }
 }

@@ -1,5 +1,6 @@
-//! `GET /debug/reconciles` over HTTP: the JSON schema is pinned here, field by field,
-//! and must match the table in `docs/operations.md`.
+//! `GET /debug/reconciles` over HTTP on the debug address: the JSON schema is pinned
+//! here, field by field, and must match the table in `docs/operations.md`; the probe
+//! port does not serve it.
 
 mod support;
 
@@ -92,9 +93,12 @@ fn debug_reconciles_serves_the_pinned_schema_sorted_overdue_first() {
     let watchdog = Watchdog::builder()
         .deadlines(Deadlines::new(Duration::from_secs(3600)).with("late", Duration::from_millis(1)))
         .probe_address("127.0.0.1:0".parse().unwrap())
+        .debug_address("127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap())
         .start()
         .unwrap();
-    let addr = watchdog.probe_address().unwrap();
+    let addr = watchdog.debug_address().expect("a debug server");
+    let probes = watchdog.probe_address().unwrap();
+    assert_eq!(get(probes, "/debug/reconciles").status, 404);
     let registry = watchdog.registry();
 
     // Overdue and never polled: the nullable fields are null.
@@ -116,6 +120,7 @@ fn debug_reconciles_serves_the_pinned_schema_sorted_overdue_first() {
         let response = get(addr, "/debug/reconciles");
         assert_eq!(response.status, 200);
         assert_eq!(response.header("content-type"), Some("application/json"));
+        assert_eq!(response.header("x-reconciles-in-flight"), Some("3"));
         let rows: Vec<Value> = serde_json::from_str(&response.body)
             .unwrap_or_else(|e| panic!("not a JSON array ({e}): {}", response.body));
         let polled = rows.iter().any(|r| r["polls"].as_u64() >= Some(1));
@@ -167,4 +172,17 @@ fn debug_reconciles_serves_the_pinned_schema_sorted_overdue_first() {
     assert_eq!(waiter["deadline_seconds"].as_f64(), Some(3600.0));
     assert!(waiter["elapsed_seconds"].as_f64() >= young["elapsed_seconds"].as_f64());
     runtime.shutdown_background();
+}
+
+#[test]
+fn no_debug_server_unless_asked_for() {
+    let watchdog = Watchdog::builder()
+        .probe_address("127.0.0.1:0".parse().unwrap())
+        .start()
+        .unwrap();
+    assert_eq!(watchdog.debug_address(), None);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = Watchdog::builder().debug_address(addr).start().unwrap_err();
+    assert_eq!(err.to_string(), "failed to start the debug server");
 }

@@ -146,7 +146,15 @@ fn demo_hang(kind: &str, expected_state: &str) {
 
     // The probe still answers promptly, and stays failing while the hang lasts.
     assert_eq!(get(addr, "/livez").status, 500);
-    let debug = get(addr, "/debug/reconciles");
+    assert_eq!(
+        get(addr, "/debug/reconciles").status,
+        404,
+        "not on the probe port"
+    );
+    let debug = get(
+        process.debug_address().expect("a debug server"),
+        "/debug/reconciles",
+    );
     let rows: serde_json::Value = serde_json::from_str(&debug.body).unwrap();
     assert_eq!(rows[0]["object"], "demo/cert-7");
     assert_eq!(rows[0]["overdue"], true);

@@ -54,7 +54,7 @@ pub fn run(plan: &Plan) -> ProbeLoad {
     let bare = HttpServer::spawn(
         "bare-server",
         ([127, 0, 0, 1], 0).into(),
-        Arc::new(|_, _, _| Response::new("ok".to_owned())),
+        Arc::new(|_| Response::new("ok".to_owned())),
     )
     .expect("the reference server starts");
 

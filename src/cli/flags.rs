@@ -68,6 +68,17 @@ pub struct WatchdogArgs {
     /// How often to ask whether the API server answers at all (run only; an overdue await during an outage does not fail liveness); off disables
     #[arg(long, env = "RECONCILE_WATCHDOG_API_SERVER_CHECK_INTERVAL", value_name = "DURATION", default_value = "5s", value_parser = duration_or_off)]
     pub api_server_check_interval: StackCaptureAfter,
+    /// Debug views address (/debug/reconciles; host:port, or :port); keep it on loopback and reach it with kubectl port-forward; 0 disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_DEBUG_BIND_ADDRESS", value_name = "ADDR", default_value = "127.0.0.1:8082", value_parser = metrics_address)]
+    pub debug_bind_address: DebugAddress,
+
+    /// Show probe failure reasons to every peer; by default only loopback peers read them and others read "reason withheld"
+    #[arg(long, env = "RECONCILE_WATCHDOG_SHOW_FAILURE_REASONS_TO_ALL_PEERS")]
+    pub show_failure_reasons_to_all_peers: bool,
+
+    /// A reconcile that ends on time after more than this share of its deadline is a near miss: one WARN (at most one a minute per controller) and a count; off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_NEAR_MISS_THRESHOLD", value_name = "PERCENT", default_value = "80%", value_parser = near_miss_threshold)]
+    pub near_miss_threshold: NearMissThreshold,
 
     /// Log format; the level comes from RUST_LOG (default info)
     #[arg(long, env = "RECONCILE_WATCHDOG_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -124,6 +135,8 @@ impl WatchdogArgs {
             )
             .probe_address(self.health_probe_bind_address)
             .metrics_address(self.metrics_bind_address.socket_addr())
+            .debug_address(self.debug_bind_address.socket_addr())
+            .failure_reasons_to_all_peers(self.show_failure_reasons_to_all_peers)
             .stack_capture_after(match self.stack_capture_after {
                 StackCaptureAfter::After(after) => Some(after),
                 StackCaptureAfter::Off => None,
@@ -133,6 +146,7 @@ impl WatchdogArgs {
                 StackCaptureAfter::After(every) => Some(every),
                 StackCaptureAfter::Off => None,
             })
+            .near_miss_threshold(self.near_miss_threshold.share())
     }
 
     /// Refuses flags that cannot work together, naming both (exit status 2 from the
@@ -243,6 +257,9 @@ impl MetricsAddress {
     }
 }
 
+/// `--debug-bind-address`: an address, or disabled by `0`, as the metrics address.
+pub type DebugAddress = MetricsAddress;
+
 const DURATION_FORM: &str = "expected a duration such as 500ms, 90s, 5m or 1h30m";
 
 /// A humantime duration.
@@ -276,6 +293,44 @@ fn duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
     duration(s)
         .map(StackCaptureAfter::After)
         .map_err(|e| format!("{e}, or off"))
+}
+
+/// `--near-miss-threshold`: a share of the deadline, or off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NearMissThreshold {
+    /// Past this share (between 0 and 1, exclusive) of the deadline.
+    Share(f64),
+    /// No near misses.
+    Off,
+}
+
+impl NearMissThreshold {
+    /// The share, `None` when off.
+    #[must_use]
+    pub fn share(self) -> Option<f64> {
+        match self {
+            Self::Share(share) => Some(share),
+            Self::Off => None,
+        }
+    }
+}
+
+/// A percentage strictly between 0 and 100 (`80%`, `92.5%`), or `off`.
+fn near_miss_threshold(s: &str) -> Result<NearMissThreshold, String> {
+    const FORM: &str =
+        "expected a percentage of the deadline between 0% and 100%, such as 80%, or off";
+    let s = s.trim();
+    if s == "off" {
+        return Ok(NearMissThreshold::Off);
+    }
+    let percent: f64 = s
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| format!("{s:?}: {FORM}"))?;
+    if !(percent > 0.0 && percent < 100.0) {
+        return Err(format!("{s:?} is out of range: {FORM}"));
+    }
+    Ok(NearMissThreshold::Share(percent / 100.0))
 }
 
 fn bind_address(s: &str) -> Result<SocketAddr, String> {
@@ -418,5 +473,24 @@ mod tests {
                 .check(demo)
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn near_miss_thresholds() {
+        assert_eq!(near_miss_threshold("off"), Ok(NearMissThreshold::Off));
+        assert_eq!(
+            near_miss_threshold("80%"),
+            Ok(NearMissThreshold::Share(0.8))
+        );
+        assert_eq!(
+            near_miss_threshold(" 92.5% "),
+            Ok(NearMissThreshold::Share(0.925))
+        );
+        for bad in [
+            "80", "0.8", "0%", "100%", "150%", "-5%", "NaN%", "inf%", "%", "",
+        ] {
+            let error = near_miss_threshold(bad).unwrap_err();
+            assert!(error.contains("such as 80%, or off"), "{bad}: {error}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The command line: flags, subcommands and logging set-up. The only module that knows
 //! about the process (its arguments, exit status and signals).
 
+pub mod deadlines;
 pub mod flags;
 pub mod logging;
 pub mod run;
@@ -34,6 +35,9 @@ pub enum Command {
     Run(run::RunArgs),
     /// Print the reference operator's CRD as YAML
     Crd,
+    /// Read a running operator's /debug/deadlines and print its figures and suggested
+    /// deadlines per controller, with the flag lines to paste
+    Deadlines(deadlines::DeadlinesArgs),
 }
 
 /// `demo`'s flags.
@@ -61,16 +65,25 @@ pub struct DemoArgs {
     /// Objects per synthetic controller
     #[arg(long, env = "RECONCILE_WATCHDOG_DEMO_OBJECTS", value_name = "N", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub objects: u32,
+
+    /// Every Nth reconcile of deployment-scaler runs 85% of its deadline, a near miss (0: never)
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_DEMO_NEAR_MISS_EVERY",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub near_miss_every: u32,
 }
 
 /// Parses the arguments (exit status 2 on bad input, from clap) and runs the command.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     // Flags that parse alone but cannot work together: exit 2, as clap does.
     let checked = match &cli.command {
         Command::Demo(args) => args.watchdog.check(Defaults::DEMO),
         Command::Run(args) => args.watchdog.check(Defaults::RUN),
-        Command::Crd => Ok(()),
+        Command::Crd | Command::Deadlines(_) => Ok(()),
     };
     if let Err(message) = checked {
         Cli::command()
@@ -86,6 +99,7 @@ pub fn main() -> ExitCode {
                 hang_for: args.hang_for,
                 duration: args.duration,
                 objects: args.objects,
+                near_miss_every: args.near_miss_every,
             };
             let signals = match signals::listen() {
                 Ok(signals) => signals,
@@ -103,7 +117,43 @@ pub fn main() -> ExitCode {
         }
         Command::Run(args) => run::main(args),
         Command::Crd => run::crd(),
+        Command::Deadlines(args) => deadlines::main(&args),
     }
+}
+
+/// Parses `args` as clap does, except that a value that is not UTF-8 is refused
+/// naming its flag (clap names none).
+pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    Cli::try_parse_from(&args).map_err(|error| {
+        if error.kind() != clap::error::ErrorKind::InvalidUtf8 {
+            return error;
+        }
+        match flag_of_non_utf8_value(&args) {
+            Some(flag) => clap::Error::raw(
+                clap::error::ErrorKind::InvalidUtf8,
+                format!("invalid UTF-8 in the value of '{flag}'\n"),
+            )
+            .with_cmd(&<Cli as clap::CommandFactory>::command()),
+            None => error,
+        }
+    })
+}
+
+/// The flag whose value is the first argument that is not UTF-8: `--flag=VALUE`, or
+/// `--flag VALUE`.
+fn flag_of_non_utf8_value(args: &[std::ffi::OsString]) -> Option<String> {
+    let at = args.iter().position(|a| a.to_str().is_none())?;
+    let lossy = args[at].to_string_lossy();
+    if let Some((flag, _)) = lossy.split_once('=').filter(|(f, _)| f.starts_with("--")) {
+        return Some(flag.to_owned());
+    }
+    let previous = args.get(at.checked_sub(1)?)?.to_str()?;
+    previous.starts_with("--").then(|| previous.to_owned())
 }
 
 /// Exit status 1 with the whole error chain on stderr.

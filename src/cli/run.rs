@@ -223,6 +223,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
     if let Some(addr) = watchdog.probe_address() {
         tracing::info!(%addr, "probe server listening");
     }
+    if let Some(addr) = watchdog.debug_address() {
+        tracing::info!(%addr, "debug server listening");
+    }
     if args.enable_fault_injection {
         tracing::warn!(
             "fault injection is on: the {} annotation is honoured",

@@ -8,16 +8,19 @@
 //! atomics per poll: no timer, no lock held across an await, no allocation per poll.
 
 mod entry;
+mod fanout;
 mod guarded;
 mod registry;
 mod thread;
 
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
+pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 pub use registry::{
     BuildIdHasher, ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, IdHasher, Observer,
     Registry,
 };
+pub use registry::{LateEnd, NEAR_MISS_SHARE};
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;

@@ -18,7 +18,13 @@ use super::thread::InfoCache;
 pub struct Deadlines {
     default: Duration,
     overrides: HashMap<String, Duration>,
+    /// The share of its deadline past which a reconcile that ends on time is a near
+    /// miss; `None`: never.
+    near_miss_share: Option<f64>,
 }
+
+/// The default near-miss share of a deadline: 80 %.
+pub const NEAR_MISS_SHARE: f64 = 0.8;
 
 impl Deadlines {
     /// Every controller gets `default` unless overridden.
@@ -27,7 +33,42 @@ impl Deadlines {
         Self {
             default,
             overrides: HashMap::new(),
+            near_miss_share: Some(NEAR_MISS_SHARE),
         }
+    }
+
+    /// A reconcile that ends on time after more than `share` (between 0 and 1) of its
+    /// deadline is a near miss, told to the observer; `None` turns near misses off.
+    /// A share outside (0, 1) turns them off too.
+    #[must_use]
+    pub fn near_miss_share(mut self, share: Option<f64>) -> Self {
+        self.near_miss_share = share.filter(|s| *s > 0.0 && *s < 1.0);
+        self
+    }
+
+    /// The near-miss share (`None`: off).
+    #[must_use]
+    pub fn near_miss(&self) -> Option<f64> {
+        self.near_miss_share
+    }
+
+    /// The deadline of controller `name` when a flag or [`with`](Self::with) set it,
+    /// `None` when it has the default.
+    #[must_use]
+    pub fn override_for(&self, name: &str) -> Option<Duration> {
+        self.overrides.get(name).copied()
+    }
+
+    /// The names of the controllers with a deadline of their own.
+    pub fn overridden(&self) -> impl Iterator<Item = &str> {
+        self.overrides.keys().map(String::as_str)
+    }
+
+    /// How long a reconcile with `deadline` runs before its end is told to the
+    /// observer as late: past the near-miss share, or past the deadline when off.
+    fn late_after(&self, deadline: Duration) -> Duration {
+        self.near_miss_share
+            .map_or(deadline, |share| deadline.mul_f64(share))
     }
 
     /// Gives controller `name` its own deadline.
@@ -73,6 +114,41 @@ pub struct Ended {
 pub trait Observer: Send + Sync + 'static {
     /// A reconcile of `controller` ended with `outcome` after `elapsed`.
     fn finished(&self, controller: &str, kind: &str, outcome: Outcome, elapsed: Duration);
+
+    /// A reconcile ended after more than its controller's near-miss share of its
+    /// deadline (see [`Deadlines::near_miss_share`]), or past the deadline itself. Told
+    /// after [`finished`](Self::finished), on the same thread; the common end costs the
+    /// guard one comparison and no call.
+    fn ended_late(&self, end: &LateEnd<'_>) {
+        let _ = end;
+    }
+}
+
+/// A reconcile that ended late: past its near-miss threshold or past its deadline.
+#[derive(Clone, Copy, Debug)]
+pub struct LateEnd<'a> {
+    /// The controller that ran it.
+    pub controller: &'a str,
+    /// The kind of the object reconciled.
+    pub kind: &'a str,
+    /// The object reconciled.
+    pub object: &'a ObjectKey,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// How long it ran.
+    pub elapsed: Duration,
+    /// Its deadline.
+    pub deadline: Duration,
+    /// The monitor had reported it hung.
+    pub reported_hung: bool,
+}
+
+impl LateEnd<'_> {
+    /// Ended on time (within its deadline, never reported hung): a near miss.
+    #[must_use]
+    pub fn is_near_miss(&self) -> bool {
+        self.elapsed <= self.deadline && !self.reported_hung
+    }
 }
 
 /// Shards of the in-flight map. A scan read-locks one shard at a time, which a
@@ -134,6 +210,8 @@ pub(crate) struct Controller {
     pub(crate) name: Arc<str>,
     pub(crate) kind: Arc<str>,
     pub(crate) deadline: Duration,
+    /// An end after this long is told to the observer as late (near miss or worse).
+    pub(crate) late_after: Duration,
 }
 
 /// In-flight reconciles per controller, as a scan counted them.
@@ -238,12 +316,14 @@ impl Registry {
     /// deadline resolved once here rather than on every reconcile.
     #[must_use]
     pub fn controller(&self, name: &str, kind: &str) -> ControllerHandle {
+        let deadline = self.shared.deadlines.for_controller(name);
         ControllerHandle {
             controller: Arc::new(Controller {
                 registry: self.clone(),
                 name: name.into(),
                 kind: kind.into(),
-                deadline: self.shared.deadlines.for_controller(name),
+                deadline,
+                late_after: self.shared.deadlines.late_after(deadline),
             }),
         }
     }
@@ -399,6 +479,7 @@ impl ControllerHandle {
                 name: Arc::clone(&c.name),
                 kind: Arc::clone(&c.kind),
                 deadline,
+                late_after: c.registry.shared.deadlines.late_after(deadline),
             }),
         }
     }
@@ -488,12 +569,20 @@ impl Drop for Guard {
         };
         if let Some(observer) = &shared.observer {
             let entry = &self.entry;
-            observer.finished(
-                &entry.controller.name,
-                &entry.controller.kind,
-                outcome(),
-                entry.started.elapsed(),
-            );
+            let controller = &entry.controller;
+            let elapsed = entry.started.elapsed();
+            observer.finished(&controller.name, &controller.kind, outcome(), elapsed);
+            if elapsed > controller.late_after {
+                observer.ended_late(&LateEnd {
+                    controller: &controller.name,
+                    kind: &controller.kind,
+                    object: &entry.object,
+                    outcome: outcome(),
+                    elapsed,
+                    deadline: controller.deadline,
+                    reported_hung: entry.was_reported_hung(),
+                });
+            }
         }
         if self.entry.was_reported_hung() {
             let outcome = outcome();

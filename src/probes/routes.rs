@@ -1,20 +1,32 @@
 //! The answers of the probe endpoints, in the conventions of kube-apiserver and
-//! controller-runtime.
+//! controller-runtime: `/healthz`, `/livez`, `/readyz` and their subpaths, nothing else.
+//!
+//! Failure reasons name objects, so like kube-apiserver they go only to loopback peers
+//! (`kubectl port-forward`, `kubectl exec`) and to the log; other peers (the kubelet,
+//! anyone who can reach the pod) read `reason withheld`, unless the operator chose to
+//! show them to every peer.
 
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use warp::http::{Method, Response, StatusCode, header};
 
-use crate::guard::{InFlight, PollState, Registry};
-use crate::health::{Checks, Health};
+use super::server::Request;
+use crate::health::{Checks, Health, Report};
 
-/// Answers probe requests from the health sets and the registry.
+/// What a peer that may not read failure reasons reads instead (kube-apiserver's words).
+pub const REASON_WITHHELD: &str = "reason withheld";
+
+/// At most one log line of withheld reasons per endpoint and period.
+const WITHHELD_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// Answers probe requests from the health sets.
 #[derive(Clone, Debug)]
 pub struct Probes {
     health: Arc<Health>,
-    registry: Registry,
+    reasons_to_all_peers: bool,
+    withheld_log: Arc<Mutex<[Option<Instant>; 2]>>,
 }
 
 /// What the query string asks for.
@@ -39,36 +51,54 @@ impl Query {
 }
 
 impl Probes {
-    /// Probes over `health`, with the debug view of `registry`.
+    /// Probes over `health`; failure reasons go to loopback peers only.
     #[must_use]
-    pub fn new(health: Arc<Health>, registry: Registry) -> Self {
-        Self { health, registry }
+    pub fn new(health: Arc<Health>) -> Self {
+        Self {
+            health,
+            reasons_to_all_peers: false,
+            withheld_log: Arc::default(),
+        }
     }
 
-    /// The response to `method path?query`. Never panics; HEAD gets GET's status and
-    /// headers without a body.
+    /// Shows failure reasons to every peer, not only to loopback ones.
     #[must_use]
-    pub fn respond(&self, method: &Method, path: &str, query: &str) -> Response<String> {
-        let mut response = self.respond_get(method, path, query);
-        if method == Method::HEAD {
+    pub fn reasons_to_all_peers(mut self, yes: bool) -> Self {
+        self.reasons_to_all_peers = yes;
+        self
+    }
+
+    /// The response to `request`. Never panics; HEAD gets GET's status and headers
+    /// without a body.
+    #[must_use]
+    pub fn respond(&self, request: &Request<'_>) -> Response<String> {
+        let mut response = self.respond_get(request);
+        if request.method == Method::HEAD {
             response.body_mut().clear();
         }
         response
     }
 
-    fn respond_get(&self, method: &Method, path: &str, query: &str) -> Response<String> {
-        let route = route(path);
-        if matches!(route, Route::NotFound) {
+    fn respond_get(&self, request: &Request<'_>) -> Response<String> {
+        let Some(route) = route(request.path) else {
             return not_found();
-        }
-        if method != Method::GET && method != Method::HEAD {
+        };
+        if request.method != Method::GET && request.method != Method::HEAD {
             return method_not_allowed();
         }
+        let reasons = self.reasons_for(request.peer);
         match route {
-            Route::All(set) => self.all(self.set(set), &Query::parse(query)),
-            Route::One(set, name) => self.one(self.set(set), name),
-            Route::DebugReconciles => self.debug_reconciles(),
-            Route::NotFound => unreachable!("handled above"),
+            Route::All(set) => self.all(set, &Query::parse(request.query), reasons),
+            Route::One(set, name) => self.one(set, name, reasons),
+        }
+    }
+
+    /// Whether `peer` may read failure reasons.
+    fn reasons_for(&self, peer: SocketAddr) -> Reasons {
+        if self.reasons_to_all_peers || peer.ip().to_canonical().is_loopback() {
+            Reasons::Shown
+        } else {
+            Reasons::Withheld
         }
     }
 
@@ -79,8 +109,12 @@ impl Probes {
         }
     }
 
-    fn all(&self, checks: &Checks, query: &Query) -> Response<String> {
-        let report = checks.run(&query.exclude);
+    fn all(&self, set: Set, query: &Query, reasons: Reasons) -> Response<String> {
+        let mut report = self.set(set).run(&query.exclude);
+        if reasons == Reasons::Withheld && !report.passed() {
+            self.log_withheld(set, &report);
+            withhold(&mut report);
+        }
         let passed = report.passed();
         // Like apiserver: a failure always lists the checks; success is `ok` unless
         // the listing is asked for.
@@ -97,117 +131,98 @@ impl Probes {
         text(status, body)
     }
 
-    fn one(&self, checks: &Checks, name: &str) -> Response<String> {
-        match checks.run_one(name) {
+    fn one(&self, set: Set, name: &str, reasons: Reasons) -> Response<String> {
+        match self.set(set).run_one(name) {
             Some(Ok(())) => text(StatusCode::OK, "ok".into()),
-            Some(Err(reason)) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("internal server error: {reason}\n"),
-            ),
+            Some(Err(reason)) => {
+                let reason = match reasons {
+                    Reasons::Shown => reason,
+                    Reasons::Withheld => {
+                        tracing::info!(check = name, %reason, "probe check failed; reason withheld from the peer");
+                        REASON_WITHHELD.to_owned()
+                    }
+                };
+                text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("internal server error: {reason}\n"),
+                )
+            }
             None => not_found(),
         }
     }
 
-    fn debug_reconciles(&self) -> Response<String> {
+    /// Logs the reasons withheld from a peer, at most once per endpoint and period, so
+    /// that the log has what the response has not.
+    fn log_withheld(&self, set: Set, report: &Report) {
         let now = Instant::now();
-        let wall = SystemTime::now();
-        let mut rows: Vec<DebugReconcile> = self
-            .registry
-            .snapshot()
-            .iter()
-            .map(|r| DebugReconcile::of(r, now, wall))
-            .collect();
-        rows.sort_by(|a, b| {
-            b.overdue
-                .cmp(&a.overdue)
-                .then(b.elapsed_seconds.total_cmp(&a.elapsed_seconds))
-        });
-        let body = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
-        let mut response = Response::new(body);
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static("application/json"),
-        );
-        response
+        {
+            let mut last = self
+                .withheld_log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let last = &mut last[set as usize];
+            if last.is_some_and(|at| now.duration_since(at) < WITHHELD_LOG_PERIOD) {
+                return;
+            }
+            *last = Some(now);
+        }
+        for check in &report.checks {
+            if let Err(reason) = &check.result {
+                tracing::info!(
+                    probe = report.endpoint,
+                    check = %check.name,
+                    %reason,
+                    "probe check failed; reason withheld from the peer"
+                );
+            }
+        }
     }
 }
 
-/// One row of `/debug/reconciles`. The schema is documented in `docs/operations.md`.
-#[derive(Debug, Serialize)]
-struct DebugReconcile {
-    controller: String,
-    kind: String,
-    object: String,
-    started: String,
-    elapsed_seconds: f64,
-    deadline_seconds: f64,
-    overdue: bool,
-    state: &'static str,
-    polls: u64,
-    last_poll_ago_seconds: Option<f64>,
-    thread: Option<String>,
-    task_id: Option<u64>,
-    cancel_requested: bool,
+/// Whether the peer reads failure reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reasons {
+    Shown,
+    Withheld,
 }
 
-impl DebugReconcile {
-    fn of(r: &InFlight, now: Instant, wall: SystemTime) -> Self {
-        let elapsed = r.elapsed(now);
-        // Wall-clock start derived from the monotonic age, consistent with `elapsed`.
-        let started = wall.checked_sub(elapsed).unwrap_or(r.started_at);
-        Self {
-            controller: r.controller.to_string(),
-            kind: r.kind.to_string(),
-            object: r.object.to_string(),
-            started: humantime::format_rfc3339_millis(started).to_string(),
-            elapsed_seconds: elapsed.as_secs_f64(),
-            deadline_seconds: r.deadline.as_secs_f64(),
-            overdue: r.is_overdue(now),
-            state: match r.poll {
-                PollState::Awaiting => "awaiting",
-                PollState::InPoll { .. } => "in-poll",
-                PollState::Woken { .. } => "woken",
-            },
-            polls: r.polls,
-            last_poll_ago_seconds: r.last_poll_ago(now).map(|d| d.as_secs_f64()),
-            thread: r.thread.as_ref().map(|t| t.name.to_string()),
-            task_id: r.task_id,
-            cancel_requested: r.cancel_requested,
+/// Replaces every failure reason of `report` with [`REASON_WITHHELD`].
+fn withhold(report: &mut Report) {
+    for check in &mut report.checks {
+        if let Err(reason) = &mut check.result {
+            REASON_WITHHELD.clone_into(reason);
         }
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Set {
-    Liveness,
-    Readiness,
+    Liveness = 0,
+    Readiness = 1,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 enum Route<'a> {
     All(Set),
     One(Set, &'a str),
-    DebugReconciles,
-    NotFound,
 }
 
-fn route(path: &str) -> Route<'_> {
+/// The route of `path`; None for every path but the probes and their subpaths.
+fn route(path: &str) -> Option<Route<'_>> {
     let (set, rest) = if let Some(rest) = path.strip_prefix("/healthz") {
         (Set::Liveness, rest)
     } else if let Some(rest) = path.strip_prefix("/livez") {
         (Set::Liveness, rest)
     } else if let Some(rest) = path.strip_prefix("/readyz") {
         (Set::Readiness, rest)
-    } else if path == "/debug/reconciles" {
-        return Route::DebugReconciles;
     } else {
-        return Route::NotFound;
+        return None;
     };
     match rest {
-        "" | "/" => Route::All(set),
+        "" | "/" => Some(Route::All(set)),
         name => match name.strip_prefix('/') {
-            Some(name) if !name.is_empty() && !name.contains('/') => Route::One(set, name),
-            _ => Route::NotFound,
+            Some(name) if !name.is_empty() && !name.contains('/') => Some(Route::One(set, name)),
+            _ => None,
         },
     }
 }
@@ -230,7 +245,7 @@ pub(crate) fn method_not_allowed() -> Response<String> {
 }
 
 /// A plain-text response with the headers every probe answer carries.
-fn text(status: StatusCode, body: String) -> Response<String> {
+pub(crate) fn text(status: StatusCode, body: String) -> Response<String> {
     let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -247,56 +262,122 @@ fn text(status: StatusCode, body: String) -> Response<String> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::guard::ObjectKey;
     use crate::health::FnCheck;
 
-    fn probes() -> (Probes, Arc<Health>) {
+    const LOOPBACK: &str = "127.0.0.1:40000";
+    const KUBELET: &str = "10.0.0.1:40000";
+
+    fn probes() -> Probes {
         let health = Arc::new(Health::new());
         health
             .liveness
             .add(Arc::new(FnCheck::new("reconcilers", || {
                 Err("web default/site running 9s, deadline 5s (awaiting)".into())
             })));
-        (
-            Probes::new(Arc::clone(&health), Registry::new(Duration::from_secs(5))),
-            health,
-        )
+        Probes::new(health)
+    }
+
+    /// `probes`' answer to `method path?query` from `peer`.
+    fn ask(probes: &Probes, method: Method, target: &str, peer: &str) -> Response<String> {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        probes.respond(&Request {
+            method: &method,
+            path,
+            query,
+            peer: peer.parse().unwrap(),
+        })
     }
 
     #[test]
     fn routes() {
-        assert_eq!(route("/healthz"), Route::All(Set::Liveness));
-        assert_eq!(route("/livez/"), Route::All(Set::Liveness));
-        assert_eq!(route("/readyz/ping"), Route::One(Set::Readiness, "ping"));
-        assert_eq!(route("/healthzz"), Route::NotFound);
-        assert_eq!(route("/healthz/a/b"), Route::NotFound);
-        assert_eq!(route("/debug/reconciles"), Route::DebugReconciles);
-        assert_eq!(route("/"), Route::NotFound);
+        assert_eq!(route("/healthz"), Some(Route::All(Set::Liveness)));
+        assert_eq!(route("/livez/"), Some(Route::All(Set::Liveness)));
+        assert_eq!(
+            route("/readyz/ping"),
+            Some(Route::One(Set::Readiness, "ping"))
+        );
+        assert_eq!(route("/healthzz"), None);
+        assert_eq!(route("/healthz/a/b"), None);
+        assert_eq!(route("/debug/reconciles"), None);
+        assert_eq!(route("/"), None);
     }
 
     #[test]
-    fn failing_liveness_lists_the_reason() {
-        let (probes, _) = probes();
-        let r = probes.respond(&Method::GET, "/healthz", "verbose");
-        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    fn debug_views_are_not_served_on_the_probe_port() {
+        let probes = probes();
+        for path in ["/debug/reconciles", "/debug/", "/debug/pprof"] {
+            assert_eq!(
+                ask(&probes, Method::GET, path, LOOPBACK).status(),
+                StatusCode::NOT_FOUND,
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn failing_liveness_lists_the_reason_to_loopback_peers() {
+        let probes = probes();
+        for peer in [LOOPBACK, "[::1]:5", "[::ffff:127.0.0.1]:5"] {
+            let r = ask(&probes, Method::GET, "/healthz?verbose", peer);
+            assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            assert!(
+                r.body()
+                    .contains("[-]reconcilers failed: web default/site running 9s"),
+                "{peer}: {}",
+                r.body()
+            );
+            assert!(r.body().ends_with("healthz check failed\n"));
+        }
+    }
+
+    #[test]
+    fn other_peers_read_reason_withheld() {
+        let probes = probes();
+        for peer in [KUBELET, "[fd00::1]:5", "0.0.0.0:1"] {
+            for target in ["/healthz", "/healthz?verbose", "/livez/"] {
+                let r = ask(&probes, Method::GET, target, peer);
+                assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+                assert!(
+                    r.body()
+                        .contains("[-]reconcilers failed: reason withheld\n"),
+                    "{peer} {target}: {}",
+                    r.body()
+                );
+                assert!(!r.body().contains("default/site"), "{}", r.body());
+                assert!(r.body().contains("[+]ping ok\n"));
+            }
+            let r = ask(&probes, Method::GET, "/healthz/reconcilers", peer);
+            assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            assert_eq!(r.body(), "internal server error: reason withheld\n");
+        }
+    }
+
+    #[test]
+    fn the_flag_shows_reasons_to_every_peer() {
+        let probes = probes().reasons_to_all_peers(true);
+        let r = ask(&probes, Method::GET, "/healthz", KUBELET);
         assert!(
             r.body()
                 .contains("[-]reconcilers failed: web default/site running 9s"),
             "{}",
             r.body()
         );
-        assert!(r.body().ends_with("healthz check failed\n"));
+        let r = ask(&probes, Method::GET, "/healthz/reconcilers", KUBELET);
+        assert!(r.body().contains("web default/site"), "{}", r.body());
     }
 
     #[test]
     fn exclude_and_readyz() {
-        let (probes, _) = probes();
-        let r = probes.respond(&Method::GET, "/livez", "exclude=reconcilers");
+        let probes = probes();
+        let r = ask(&probes, Method::GET, "/livez?exclude=reconcilers", KUBELET);
         assert_eq!((r.status(), r.body().as_str()), (StatusCode::OK, "ok"));
-        let r = probes.respond(&Method::GET, "/readyz", "verbose&exclude=nope");
+        let r = ask(
+            &probes,
+            Method::GET,
+            "/readyz?verbose&exclude=nope",
+            KUBELET,
+        );
         assert_eq!(r.status(), StatusCode::OK);
         assert!(
             r.body()
@@ -307,50 +388,28 @@ mod tests {
 
     #[test]
     fn single_checks_methods_and_head() {
-        let (probes, _) = probes();
-        let r = probes.respond(&Method::GET, "/healthz/ping", "");
+        let probes = probes();
+        let r = ask(&probes, Method::GET, "/healthz/ping", KUBELET);
         assert_eq!((r.status(), r.body().as_str()), (StatusCode::OK, "ok"));
-        let r = probes.respond(&Method::GET, "/healthz/reconcilers", "");
+        let r = ask(&probes, Method::GET, "/healthz/reconcilers", LOOPBACK);
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(
             r.body()
                 .starts_with("internal server error: web default/site")
         );
         assert_eq!(
-            probes.respond(&Method::GET, "/healthz/nope", "").status(),
+            ask(&probes, Method::GET, "/healthz/nope", LOOPBACK).status(),
             StatusCode::NOT_FOUND
         );
-        let r = probes.respond(&Method::POST, "/healthz", "");
+        let r = ask(&probes, Method::POST, "/healthz", LOOPBACK);
         assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
         assert_eq!(r.headers()[header::ALLOW], "GET, HEAD");
-        let r = probes.respond(&Method::HEAD, "/healthz", "");
+        let r = ask(&probes, Method::HEAD, "/healthz", LOOPBACK);
         assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(r.body().is_empty());
         assert_eq!(
-            probes.respond(&Method::DELETE, "/nowhere", "").status(),
+            ask(&probes, Method::DELETE, "/nowhere", LOOPBACK).status(),
             StatusCode::NOT_FOUND
         );
-    }
-
-    #[test]
-    fn debug_reconciles_sorts_overdue_first() {
-        let registry = Registry::new(Duration::from_secs(3600));
-        let _on_time = registry
-            .controller("slow", "Widget")
-            .register(ObjectKey::namespaced("ns", "a"));
-        let _overdue = registry
-            .controller("late", "Widget")
-            .with_deadline(Duration::ZERO)
-            .register(ObjectKey::cluster("b"));
-        let probes = Probes::new(Arc::new(Health::new()), registry.clone());
-        let r = probes.respond(&Method::GET, "/debug/reconciles", "");
-        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
-        let rows: serde_json::Value = serde_json::from_str(r.body()).unwrap();
-        assert_eq!(rows[0]["object"], "b");
-        assert_eq!(rows[0]["overdue"], true);
-        assert_eq!(rows[1]["object"], "ns/a");
-        assert_eq!(rows[1]["overdue"], false);
-        assert_eq!(rows[1]["state"], "awaiting");
-        assert_eq!(rows[1]["polls"], 0);
     }
 }

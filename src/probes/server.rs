@@ -1,11 +1,20 @@
-//! Serves a request handler with warp on a dedicated OS thread and runtime.
+//! Serves a request handler over HTTP/1 on a dedicated OS thread and runtime, with a
+//! header timeout and a connection cap that keeps new requests (the kubelet's) served
+//! when a flood of unfinished connections arrives.
 
-use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::oneshot;
-use warp::Filter;
+use tokio_util::sync::CancellationToken;
 use warp::http::{Method, Response};
 
 /// Errors of starting an HTTP server.
@@ -43,8 +52,49 @@ pub fn parse_bind_address(s: &str) -> Result<SocketAddr, Error> {
     candidate.parse().map_err(|_| Error::Address(s.to_owned()))
 }
 
-/// Answers one request from its method, path and raw query.
-pub type Handler = Arc<dyn Fn(&Method, &str, &str) -> Response<String> + Send + Sync>;
+/// One request, as a handler sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The method.
+    pub method: &'a Method,
+    /// The path, without the query.
+    pub path: &'a str,
+    /// The raw query string, without `?` ("" when there is none).
+    pub query: &'a str,
+    /// The peer's address: who is asking.
+    pub peer: SocketAddr,
+}
+
+/// Answers one request.
+pub type Handler = Arc<dyn Fn(&Request<'_>) -> Response<String> + Send + Sync>;
+
+/// How much a server lets its clients hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A connection that has not sent a whole request head this long after it opened,
+    /// or after its previous response, is closed.
+    pub header_timeout: Duration,
+    /// Open connections at most; a new one past the cap closes the oldest, so that a
+    /// flood of stalled connections cannot lock the kubelet out.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    /// A 5 second header timeout (the kubelet's whole probe timeout is 1 second by
+    /// default) and 256 connections (a probe server sees a handful).
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(5),
+            max_connections: 256,
+        }
+    }
+}
+
+/// Pending connections the kernel queues before `accept`.
+const BACKLOG: u32 = 1024;
+
+/// At most one connection-cap warning per this period; the next one counts the rest.
+const CAP_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 /// An HTTP server on its own thread with its own current-thread runtime. Dropping it
 /// shuts the server down and waits for its thread.
@@ -57,24 +107,41 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Binds `addr` now, so a taken port is an error here rather than a panic later,
-    /// then serves `handler` on a new thread called `name`.
+    /// then serves `handler` on a new thread called `name`, with the default [`Limits`].
     pub fn spawn(name: &str, addr: SocketAddr, handler: Handler) -> Result<Self, Error> {
-        let listener = TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
+        Self::spawn_with_limits(name, addr, handler, Limits::default())
+    }
+
+    /// [`HttpServer::spawn`] with `limits`.
+    pub fn spawn_with_limits(
+        name: &str,
+        addr: SocketAddr,
+        handler: Handler,
+        limits: Limits,
+    ) -> Result<Self, Error> {
         let start = |source| Error::Start {
             name: name.to_owned(),
             source,
         };
-        listener.set_nonblocking(true).map_err(start)?;
-        let local_addr = listener.local_addr().map_err(start)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(start)?;
+        let listener = {
+            // The listener registers with the runtime it is made in.
+            let _entered = runtime.enter();
+            bind(addr).map_err(|source| Error::Bind { addr, source })?
+        };
+        let local_addr = listener.local_addr().map_err(start)?;
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-
+        let server = Server {
+            name: name.to_owned(),
+            handler,
+            limits,
+        };
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || runtime.block_on(serve(listener, handler, shutdown_rx)))
+            .spawn(move || runtime.block_on(server.serve(listener, shutdown_rx)))
             .map_err(start)?;
         Ok(Self {
             local_addr,
@@ -90,29 +157,155 @@ impl HttpServer {
     }
 }
 
-/// Serves `handler` on `listener` until `shutdown` fires.
-async fn serve(listener: TcpListener, handler: Handler, shutdown: oneshot::Receiver<()>) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(listener) => listener,
-        Err(error) => {
-            tracing::error!(%error, "the listener could not join the server's runtime");
+fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// What the server thread runs.
+struct Server {
+    name: String,
+    handler: Handler,
+    limits: Limits,
+}
+
+/// The open connections, oldest first (ids grow), each with its way to close it.
+type Open = Arc<Mutex<BTreeMap<u64, CancellationToken>>>;
+
+impl Server {
+    /// Accepts until `shutdown` fires.
+    async fn serve(self, listener: TcpListener, shutdown: oneshot::Receiver<()>) {
+        // Not a graceful shutdown: it would wait for every open connection, and a client
+        // that stalls mid-request would hold the process open. Returning drops the
+        // runtime, which closes the connections.
+        tokio::select! {
+            () = self.accept_loop(listener) => {}
+            _ = shutdown => {}
+        }
+    }
+
+    async fn accept_loop(&self, listener: TcpListener) {
+        let open: Open = Arc::default();
+        let mut next_id = 0_u64;
+        let mut cap_log = CapLog::default();
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors, or the peer gave up before the accept: back
+                    // off a little rather than spin.
+                    tracing::warn!(server = %self.name, %error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let evicted = {
+                let mut open = open.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut evicted = 0;
+                while open.len() >= self.limits.max_connections.max(1) {
+                    if let Some((_, oldest)) = open.pop_first() {
+                        oldest.cancel();
+                        evicted += 1;
+                    }
+                }
+                evicted
+            };
+            if evicted > 0 {
+                cap_log.evicted(&self.name, self.limits.max_connections, evicted);
+            }
+            let token = CancellationToken::new();
+            let id = next_id;
+            next_id += 1;
+            open.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(id, token.clone());
+            tokio::spawn(serve_connection(
+                stream,
+                peer,
+                Arc::clone(&self.handler),
+                self.limits.header_timeout,
+                token,
+                Connection {
+                    open: Arc::clone(&open),
+                    id,
+                },
+            ));
+        }
+    }
+}
+
+/// Forgets its connection when the connection's task ends, however it ends.
+struct Connection {
+    open: Open,
+    id: u64,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    handler: Handler,
+    header_timeout: Duration,
+    closed: CancellationToken,
+    _connection: Connection,
+) {
+    let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let response = handler(&Request {
+            method: request.method(),
+            path: request.uri().path(),
+            query: request.uri().query().unwrap_or_default(),
+            peer,
+        });
+        std::future::ready(Ok::<_, Infallible>(response))
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        // A client that sends garbage or times out ends here; nothing to report.
+        _ = connection => {}
+        () = closed.cancelled() => {}
+    }
+}
+
+/// Rate-limits the connection-cap warning so that a flood cannot flood the log too.
+#[derive(Default)]
+struct CapLog {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl CapLog {
+    fn evicted(&mut self, server: &str, cap: usize, evicted: u64) {
+        self.unlogged += evicted;
+        let now = Instant::now();
+        if self.last.is_some_and(|last| now - last < CAP_LOG_PERIOD) {
             return;
         }
-    };
-    let routes = warp::method()
-        .and(warp::path::full())
-        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
-        .map(
-            move |method: Method, path: warp::path::FullPath, query: String| {
-                handler(&method, path.as_str(), &query)
-            },
+        tracing::warn!(
+            server,
+            cap,
+            closed = self.unlogged,
+            "connection cap reached: closing the oldest connections to keep answering new ones"
         );
-    // Not warp's graceful shutdown: it waits for every open connection, and a client
-    // that stalls mid-request would hold the process open. Returning drops the runtime,
-    // which cancels the connections.
-    tokio::select! {
-        () = warp::serve(routes).incoming(listener).run() => {}
-        _ = shutdown => {}
+        self.last = Some(now);
+        self.unlogged = 0;
     }
 }
 
@@ -129,7 +322,43 @@ impl Drop for HttpServer {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
     use super::*;
+
+    fn echo_peer() -> Handler {
+        Arc::new(|request| Response::new(format!("{} {}", request.path, request.peer.ip())))
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+    }
+
+    /// Whether the server closed `stream` within `within`.
+    fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+        stream.set_read_timeout(Some(within)).unwrap();
+        let mut buf = [0_u8; 512];
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
 
     #[test]
     fn bind_addresses() {
@@ -152,31 +381,87 @@ mod tests {
 
     #[test]
     fn a_taken_port_is_an_error_naming_it() {
-        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = taken.local_addr().unwrap();
-        let handler: Handler = Arc::new(|_, _, _| Response::new(String::new()));
-        let err = HttpServer::spawn("probe", addr, handler).unwrap_err();
+        let err = HttpServer::spawn("probe", addr, echo_peer()).unwrap_err();
         assert_eq!(err.to_string(), format!("failed to bind {addr}"));
     }
 
     #[test]
+    fn the_handler_sees_path_and_peer() {
+        let server =
+            HttpServer::spawn("probe", "127.0.0.1:0".parse().unwrap(), echo_peer()).unwrap();
+        let response = get(server.local_addr(), "/healthz?verbose");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("/healthz 127.0.0.1"), "{response}");
+    }
+
+    #[test]
     fn a_client_stalled_mid_request_does_not_hold_shutdown() {
-        use std::io::Write;
-        let handler: Handler = Arc::new(|_, _, _| Response::new("ok".into()));
-        let server = HttpServer::spawn("probe", "127.0.0.1:0".parse().unwrap(), handler).unwrap();
-        let mut stalled = std::net::TcpStream::connect(server.local_addr()).unwrap();
+        let server =
+            HttpServer::spawn("probe", "127.0.0.1:0".parse().unwrap(), echo_peer()).unwrap();
+        let mut stalled = TcpStream::connect(server.local_addr()).unwrap();
         stalled.write_all(b"GET /heal").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             drop(server);
             let _ = done_tx.send(());
         });
         assert!(
-            done_rx
-                .recv_timeout(std::time::Duration::from_secs(10))
-                .is_ok(),
+            done_rx.recv_timeout(Duration::from_secs(10)).is_ok(),
             "dropping the server hung on a stalled client"
         );
+    }
+
+    #[test]
+    fn unfinished_and_idle_connections_are_closed_after_the_header_timeout() {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let server = HttpServer::spawn_with_limits(
+            "probe",
+            "127.0.0.1:0".parse().unwrap(),
+            echo_peer(),
+            limits,
+        )
+        .unwrap();
+        let mut unfinished = TcpStream::connect(server.local_addr()).unwrap();
+        unfinished
+            .write_all(b"GET /healthz HTTP/1.1\r\nHo")
+            .unwrap();
+        let mut silent = TcpStream::connect(server.local_addr()).unwrap();
+        assert!(closed_within(&mut unfinished, Duration::from_secs(10)));
+        assert!(closed_within(&mut silent, Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn past_the_cap_the_oldest_connection_makes_room() {
+        let limits = Limits {
+            max_connections: 4,
+            ..Limits::default()
+        };
+        let server = HttpServer::spawn_with_limits(
+            "probe",
+            "127.0.0.1:0".parse().unwrap(),
+            echo_peer(),
+            limits,
+        )
+        .unwrap();
+        let mut stalled: Vec<TcpStream> = (0..8)
+            .map(|_| {
+                let mut s = TcpStream::connect(server.local_addr()).unwrap();
+                s.write_all(b"GET /heal").unwrap();
+                s
+            })
+            .collect();
+        assert!(get(server.local_addr(), "/healthz").starts_with("HTTP/1.1 200"));
+        // The first ones were closed to make room; the last ones are still open.
+        assert!(closed_within(&mut stalled[0], Duration::from_secs(10)));
+        assert!(!closed_within(
+            stalled.last_mut().unwrap(),
+            Duration::from_millis(100)
+        ));
     }
 }

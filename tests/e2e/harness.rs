@@ -346,6 +346,8 @@ fn connect(kubeconfig: &Path) -> (tokio::runtime::Runtime, Client) {
 pub struct Operator {
     process: Process,
     pub probes: SocketAddr,
+    /// Where the debug views are served.
+    pub debug: SocketAddr,
 }
 
 impl Operator {
@@ -357,6 +359,9 @@ impl Operator {
         let probe_flag = probes.to_string();
         let mut args = vec!["run", "--health-probe-bind-address", &probe_flag];
         args.extend(["--metrics-bind-address", "0", "--log-format", "json"]);
+        let debug: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let debug_flag = debug.to_string();
+        args.extend(["--debug-bind-address", &debug_flag]);
         args.extend([
             "--reconcile-deadline",
             &deadline,
@@ -372,6 +377,7 @@ impl Operator {
         let mut operator = Self {
             process: Process::start_with_env(&args, &[("KUBECONFIG", kubeconfig)]),
             probes,
+            debug,
         };
         let answered = eventually(SETTLE, || {
             operator.get("/healthz").is_some()
@@ -411,7 +417,10 @@ impl Operator {
 
     /// `/debug/reconciles` rows for `object`.
     pub fn in_flight(&self, object: &str) -> Vec<Value> {
-        let Some((200, body)) = self.get("/debug/reconciles") else {
+        let Ok(support::Response {
+            status: 200, body, ..
+        }) = support::request(self.debug, "GET", "/debug/reconciles")
+        else {
             return Vec::new();
         };
         let rows: Vec<Value> = serde_json::from_str(&body).unwrap_or_default();

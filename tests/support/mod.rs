@@ -124,6 +124,9 @@ pub fn eventually<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Optio
     }
 }
 
+/// The environment variable of `--debug-bind-address`.
+pub const DEBUG_ADDRESS_ENV: &str = "RECONCILE_WATCHDOG_DEBUG_BIND_ADDRESS";
+
 /// A running `reconcile-watchdog` process whose stderr (the logs) is collected.
 pub struct Process {
     pub child: Child,
@@ -158,6 +161,9 @@ impl Process {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         command.env_remove("RUST_LOG");
+        // A free loopback port for the debug views unless the test names one: its
+        // fixed default would collide between tests that run at once.
+        command.env(DEBUG_ADDRESS_ENV, "127.0.0.1:0");
         for (k, v) in env {
             command.env(k, v);
         }
@@ -177,6 +183,23 @@ impl Process {
             self.stdout.lock().unwrap().iter().find_map(|line| {
                 let rest = line.strip_prefix("probes: http://")?;
                 rest.split('/').next()?.parse().ok()
+            })
+        })
+    }
+
+    /// The debug address `demo` prints on stdout; None when it prints `debug: off`.
+    #[allow(dead_code)]
+    pub fn debug_address(&self) -> Option<SocketAddr> {
+        eventually(Duration::from_secs(30), "the debug line on stdout", || {
+            self.stdout.lock().unwrap().iter().find_map(|line| {
+                let rest = line.strip_prefix("debug: ")?;
+                if rest == "off" {
+                    return Some(None);
+                }
+                let addr = rest
+                    .strip_prefix("http://")?
+                    .strip_suffix("/debug/reconciles")?;
+                Some(Some(addr.parse().ok()?))
             })
         })
     }

@@ -1,0 +1,224 @@
+//! The debug views (`/debug/reconciles`), served on their own address (loopback by
+//! default) and their own thread, so that a heavy view never delays a probe.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use serde::Serialize;
+use warp::http::{Method, Response, StatusCode, header};
+
+use super::routes::{method_not_allowed, not_found, text};
+use super::server::Request;
+use crate::deadlines::{self, Advisor};
+use crate::guard::{InFlight, PollState, Registry};
+
+/// Rows of `/debug/reconciles` unless `?limit=N` asks for another number.
+pub const DEFAULT_ROW_LIMIT: usize = 1000;
+
+/// The response header that gives the number of reconciles in flight, rows cut or not.
+pub const TOTAL_HEADER: &str = "x-reconciles-in-flight";
+
+/// Answers the debug views from the registry.
+#[derive(Clone, Debug)]
+pub struct DebugViews {
+    registry: Registry,
+    advisor: Option<Arc<Advisor>>,
+}
+
+impl DebugViews {
+    /// The debug views of `registry`.
+    #[must_use]
+    pub fn new(registry: Registry) -> Self {
+        Self {
+            registry,
+            advisor: None,
+        }
+    }
+
+    /// Also serves `/debug/deadlines` from `advisor`.
+    #[must_use]
+    pub fn with_advisor(mut self, advisor: Arc<Advisor>) -> Self {
+        self.advisor = Some(advisor);
+        self
+    }
+
+    /// The response to `request`: `GET|HEAD /debug/reconciles`, 404 elsewhere, 405
+    /// for other methods. Never panics.
+    #[must_use]
+    pub fn respond(&self, request: &Request<'_>) -> Response<String> {
+        let mut response = self.respond_get(request);
+        if request.method == Method::HEAD {
+            response.body_mut().clear();
+        }
+        response
+    }
+
+    fn respond_get(&self, request: &Request<'_>) -> Response<String> {
+        if let ("/debug/deadlines", Some(advisor)) = (request.path, &self.advisor) {
+            if request.method != Method::GET && request.method != Method::HEAD {
+                return method_not_allowed();
+            }
+            return deadlines::view::respond(advisor, &self.registry);
+        }
+        if request.path != "/debug/reconciles" {
+            return not_found();
+        }
+        if request.method != Method::GET && request.method != Method::HEAD {
+            return method_not_allowed();
+        }
+        match row_limit(request.query) {
+            Ok(limit) => self.reconciles(limit),
+            Err(message) => text(StatusCode::BAD_REQUEST, message),
+        }
+    }
+
+    fn reconciles(&self, limit: usize) -> Response<String> {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let mut rows: Vec<DebugReconcile> = self
+            .registry
+            .snapshot()
+            .iter()
+            .map(|r| DebugReconcile::of(r, now, wall))
+            .collect();
+        let total = rows.len();
+        rows.sort_by(|a, b| {
+            b.overdue
+                .cmp(&a.overdue)
+                .then(b.elapsed_seconds.total_cmp(&a.elapsed_seconds))
+        });
+        rows.truncate(limit);
+        let body = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
+        let mut response = Response::new(body);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        headers.insert(TOTAL_HEADER, header::HeaderValue::from(total));
+        response
+    }
+}
+
+/// `?limit=N`: how many rows at most (the most overdue first).
+fn row_limit(query: &str) -> Result<usize, String> {
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        if key == "limit" {
+            return value
+                .parse()
+                .map_err(|_| format!("invalid limit {value:?}: expected a whole number\n"));
+        }
+    }
+    Ok(DEFAULT_ROW_LIMIT)
+}
+
+/// One row of `/debug/reconciles`. The schema is documented in `docs/operations.md`.
+#[derive(Debug, Serialize)]
+struct DebugReconcile {
+    controller: String,
+    kind: String,
+    object: String,
+    started: String,
+    elapsed_seconds: f64,
+    deadline_seconds: f64,
+    overdue: bool,
+    state: &'static str,
+    polls: u64,
+    last_poll_ago_seconds: Option<f64>,
+    thread: Option<String>,
+    task_id: Option<u64>,
+    cancel_requested: bool,
+}
+
+impl DebugReconcile {
+    fn of(r: &InFlight, now: Instant, wall: SystemTime) -> Self {
+        let elapsed = r.elapsed(now);
+        // Wall-clock start derived from the monotonic age, consistent with `elapsed`.
+        let started = wall.checked_sub(elapsed).unwrap_or(r.started_at);
+        Self {
+            controller: r.controller.to_string(),
+            kind: r.kind.to_string(),
+            object: r.object.to_string(),
+            started: humantime::format_rfc3339_millis(started).to_string(),
+            elapsed_seconds: elapsed.as_secs_f64(),
+            deadline_seconds: r.deadline.as_secs_f64(),
+            overdue: r.is_overdue(now),
+            state: match r.poll {
+                PollState::Awaiting => "awaiting",
+                PollState::InPoll { .. } => "in-poll",
+                PollState::Woken { .. } => "woken",
+            },
+            polls: r.polls,
+            last_poll_ago_seconds: r.last_poll_ago(now).map(|d| d.as_secs_f64()),
+            thread: r.thread.as_ref().map(|t| t.name.to_string()),
+            task_id: r.task_id,
+            cancel_requested: r.cancel_requested,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::guard::ObjectKey;
+
+    const PEER: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1);
+
+    fn request<'a>(method: &'a Method, path: &'a str, query: &'a str) -> Request<'a> {
+        Request {
+            method,
+            path,
+            query,
+            peer: PEER,
+        }
+    }
+
+    #[test]
+    fn reconciles_sorts_overdue_first_and_cuts_at_the_limit() {
+        let registry = Registry::new(Duration::from_secs(3600));
+        let _on_time = registry
+            .controller("slow", "Widget")
+            .register(ObjectKey::namespaced("ns", "a"));
+        let _overdue = registry
+            .controller("late", "Widget")
+            .with_deadline(Duration::ZERO)
+            .register(ObjectKey::cluster("b"));
+        let views = DebugViews::new(registry);
+        let r = views.respond(&request(&Method::GET, "/debug/reconciles", ""));
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(r.headers()[TOTAL_HEADER], "2");
+        let rows: serde_json::Value = serde_json::from_str(r.body()).unwrap();
+        assert_eq!(rows[0]["object"], "b");
+        assert_eq!(rows[0]["overdue"], true);
+        assert_eq!(rows[1]["object"], "ns/a");
+        assert_eq!(rows[1]["overdue"], false);
+        assert_eq!(rows[1]["state"], "awaiting");
+        assert_eq!(rows[1]["polls"], 0);
+
+        let r = views.respond(&request(&Method::GET, "/debug/reconciles", "limit=1"));
+        let rows: Vec<serde_json::Value> = serde_json::from_str(r.body()).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["object"], "b");
+        assert_eq!(r.headers()[TOTAL_HEADER], "2");
+    }
+
+    #[test]
+    fn other_paths_methods_and_bad_limits() {
+        let views = DebugViews::new(Registry::new(Duration::from_secs(1)));
+        for path in ["/healthz", "/debug", "/debug/reconciles/x", ""] {
+            let r = views.respond(&request(&Method::GET, path, ""));
+            assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
+        }
+        let r = views.respond(&request(&Method::POST, "/debug/reconciles", ""));
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        let r = views.respond(&request(&Method::GET, "/debug/reconciles", "limit=-1"));
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let r = views.respond(&request(&Method::HEAD, "/debug/reconciles", ""));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(r.body().is_empty());
+    }
+}
