@@ -397,6 +397,13 @@ impl Operator {
             .map(|r| (r.status, r.body))
     }
 
+    /// A GET on the debug address (`/debug/...`).
+    pub fn get_debug(&self, path: &str) -> Option<(u16, String)> {
+        support::request(self.debug, "GET", path)
+            .ok()
+            .map(|r| (r.status, r.body))
+    }
+
     pub fn status(&self, path: &str) -> u16 {
         self.get(path).map_or(0, |(status, _)| status)
     }
@@ -417,10 +424,7 @@ impl Operator {
 
     /// `/debug/reconciles` rows for `object`.
     pub fn in_flight(&self, object: &str) -> Vec<Value> {
-        let Ok(support::Response {
-            status: 200, body, ..
-        }) = support::request(self.debug, "GET", "/debug/reconciles")
-        else {
+        let Some((200, body)) = self.get_debug("/debug/reconciles") else {
             return Vec::new();
         };
         let rows: Vec<Value> = serde_json::from_str(&body).unwrap_or_default();

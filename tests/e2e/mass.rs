@@ -55,7 +55,7 @@ fn configmaps_named(cluster: &Cluster, prefix: &str) -> usize {
 
 /// `/debug/reconciles` rows whose object's name starts with `prefix`.
 fn in_flight_named(operator: &Operator, namespace: &str, prefix: &str) -> Vec<Value> {
-    let Some((200, body)) = operator.get("/debug/reconciles") else {
+    let Some((200, body)) = operator.get_debug("/debug/reconciles") else {
         return Vec::new();
     };
     let rows: Vec<Value> = serde_json::from_str(&body).unwrap_or_default();
