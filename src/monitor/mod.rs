@@ -10,6 +10,8 @@ pub mod inspect;
 pub mod report;
 pub mod summary;
 pub mod verdict;
+#[cfg(test)]
+mod verdict_props;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

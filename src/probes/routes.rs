@@ -112,7 +112,7 @@ impl Probes {
     fn all(&self, set: Set, query: &Query, reasons: Reasons) -> Response<String> {
         let mut report = self.set(set).run(&query.exclude);
         if reasons == Reasons::Withheld && !report.passed() {
-            self.log_withheld(set, &report);
+            self.log_withheld(set, failures(&report));
             withhold(&mut report);
         }
         let passed = report.passed();
@@ -138,7 +138,7 @@ impl Probes {
                 let reason = match reasons {
                     Reasons::Shown => reason,
                     Reasons::Withheld => {
-                        tracing::info!(check = name, %reason, "probe check failed; reason withheld from the peer");
+                        self.log_withheld(set, [(name, reason.as_str())]);
                         REASON_WITHHELD.to_owned()
                     }
                 };
@@ -153,7 +153,7 @@ impl Probes {
 
     /// Logs the reasons withheld from a peer, at most once per endpoint and period, so
     /// that the log has what the response has not.
-    fn log_withheld(&self, set: Set, report: &Report) {
+    fn log_withheld<'r>(&self, set: Set, failures: impl IntoIterator<Item = (&'r str, &'r str)>) {
         let now = Instant::now();
         {
             let mut last = self
@@ -166,15 +166,14 @@ impl Probes {
             }
             *last = Some(now);
         }
-        for check in &report.checks {
-            if let Err(reason) = &check.result {
-                tracing::info!(
-                    probe = report.endpoint,
-                    check = %check.name,
-                    %reason,
-                    "probe check failed; reason withheld from the peer"
-                );
-            }
+        let probe = self.set(set).endpoint();
+        for (check, reason) in failures {
+            tracing::info!(
+                probe,
+                check,
+                reason,
+                "probe check failed; reason withheld from the peer"
+            );
         }
     }
 }
@@ -184,6 +183,17 @@ impl Probes {
 enum Reasons {
     Shown,
     Withheld,
+}
+
+/// The failing checks of `report` with their reasons.
+fn failures(report: &Report) -> impl Iterator<Item = (&str, &str)> {
+    report
+        .checks
+        .iter()
+        .filter_map(|check| match &check.result {
+            Err(reason) => Some((check.name.as_str(), reason.as_str())),
+            Ok(()) => None,
+        })
 }
 
 /// Replaces every failure reason of `report` with [`REASON_WITHHELD`].
@@ -351,6 +361,44 @@ mod tests {
             assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
             assert_eq!(r.body(), "internal server error: reason withheld\n");
         }
+    }
+
+    #[test]
+    fn the_log_gets_the_withheld_reason_once_per_period() {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let probes = probes();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..3 {
+                let _ = ask(&probes, Method::GET, "/healthz", KUBELET);
+            }
+            let _ = ask(&probes, Method::GET, "/healthz", LOOPBACK);
+        });
+        let log = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            log.matches("reason withheld from the peer").count(),
+            1,
+            "{log}"
+        );
+        assert!(
+            log.contains("web default/site running 9s") && log.contains("check=\"reconcilers\""),
+            "{log}"
+        );
     }
 
     #[test]

@@ -432,8 +432,13 @@ mod tests {
             .write_all(b"GET /healthz HTTP/1.1\r\nHo")
             .unwrap();
         let mut silent = TcpStream::connect(server.local_addr()).unwrap();
+        // Kept alive after one answer, then idle.
+        let mut idle = TcpStream::connect(server.local_addr()).unwrap();
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         assert!(closed_within(&mut unfinished, Duration::from_secs(10)));
         assert!(closed_within(&mut silent, Duration::from_secs(10)));
+        assert!(closed_within(&mut idle, Duration::from_secs(10)));
     }
 
     #[test]
