@@ -34,7 +34,7 @@ use std::time::Duration;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
@@ -237,6 +237,7 @@ impl Metrics {
             runtime_heartbeat_age.clone(),
         );
         registry.register_collector(Box::new(HealthChecks(health)));
+        registry.register_collector(Box::new(StuckStackCaptures));
 
         Arc::new(Self {
             registry,
@@ -384,6 +385,24 @@ impl Collector for HealthChecks {
             }
         }
         Ok(())
+    }
+}
+
+/// `reconcile_watchdog_stack_capture_stuck_total`: stack captures refused because an
+/// earlier one never left the signal handler's unwinder, read at scrape time.
+#[derive(Debug)]
+struct StuckStackCaptures;
+
+impl Collector for StuckStackCaptures {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let metric = ConstCounter::new(crate::stack::stuck_captures());
+        let family = encoder.encode_descriptor(
+            "stack_capture_stuck",
+            "Stack captures refused because an earlier one never left the signal handler's unwinder (capture of running threads is off from the first)",
+            None,
+            metric.metric_type(),
+        )?;
+        metric.encode(family)
     }
 }
 

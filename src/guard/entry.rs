@@ -187,9 +187,13 @@ impl Entry {
         } else {
             self.stamp_now()
         };
-        self.poll.store(began << 1 | 1, Ordering::Release);
-        self.polls.store(polls + 1, Ordering::Relaxed);
+        // The thread first, then the count, then the stamp, each published by the
+        // next: a reader that sees a poll's count sees its thread, so a stack captured
+        // from that thread while the count stays the same and the poll runs is this
+        // poll's (the monitor checks both after a capture).
         self.thread.store(thread::current_slot(), Ordering::Relaxed);
+        self.polls.store(polls + 1, Ordering::Release);
+        self.poll.store(began << 1 | 1, Ordering::Release);
     }
 
     /// Remembers the waker of a reconcile that now waits, so a cancel request can wake it.
@@ -259,7 +263,8 @@ impl Entry {
                 .wall
                 .checked_sub(clocks.now.saturating_duration_since(self.started))
                 .unwrap_or(clocks.wall),
-            polls: self.polls.load(Ordering::Relaxed),
+            // Read after the stamp and before the thread: see `poll_begins`.
+            polls: self.polls.load(Ordering::Acquire),
             poll,
             last_poll_began: began,
             thread: threads.info(self.thread.load(Ordering::Relaxed)),

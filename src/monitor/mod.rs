@@ -67,10 +67,18 @@ impl Heartbeat {
 
 /// The async runtime's heartbeat: a task on that runtime beats it every `period`. If
 /// every worker is blocked, the task cannot run and the beat grows old.
+/// Dropping it stops the task (with the monitor that owns it, or with a failed start).
 #[derive(Debug)]
 pub struct RuntimeHeartbeat {
     heartbeat: Arc<Heartbeat>,
     handle: tokio::runtime::Handle,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for RuntimeHeartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl RuntimeHeartbeat {
@@ -79,7 +87,7 @@ impl RuntimeHeartbeat {
     pub fn spawn(handle: &tokio::runtime::Handle, period: Duration) -> Self {
         let heartbeat = Heartbeat::new();
         let beating = Arc::clone(&heartbeat);
-        handle.spawn(async move {
+        let task = handle.spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -90,6 +98,7 @@ impl RuntimeHeartbeat {
         Self {
             heartbeat,
             handle: handle.clone(),
+            task: task.abort_handle(),
         }
     }
 
@@ -334,6 +343,7 @@ fn run(
     let mut snapshot = Vec::new();
     let mut counts = Vec::new();
     let mut next = Instant::now();
+    let mut inspector = inspect::Inspector::new(*diagnostics, registry.clone());
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -359,7 +369,7 @@ fn run(
         }
         let sample = runtime.map(RuntimeHeartbeat::sample);
         for event in &decision.events {
-            let threads = inspect::inspect(event, now, diagnostics);
+            let threads = inspector.inspect(event, now);
             report::emit(event, now, sample, &threads);
             if !threads.is_empty() {
                 // Capturing stacks is work, not a stall: keep the `watchdog` check from
@@ -367,6 +377,7 @@ fn run(
                 status.beat.beat(Instant::now());
             }
         }
+        inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
             observer.scanned(&Scan {
                 attention: &snapshot,

@@ -1,5 +1,6 @@
-//! Captures another thread's native stack: a signal to it, an unwind inside the handler
-//! into a preallocated buffer, and nothing else there.
+//! Captures a running thread's native stack: a signal to it, an unwind inside the
+//! handler into a preallocated buffer, and nothing else there. (A thread blocked in the
+//! kernel is never signalled: see the `parked` module.)
 //!
 //! The only module of the crate allowed `unsafe`. The handler does only what is
 //! async-signal-safe: atomic loads and stores, `gettid`, and `_Unwind_Backtrace` (which
@@ -21,9 +22,13 @@ use super::Error;
 /// The most frames one capture keeps.
 pub(super) const MAX_FRAMES: usize = 128;
 
-/// The real-time signal used, counted from `SIGRTMIN` (glibc keeps the first few below
-/// `SIGRTMIN()` for itself). A handler already installed for it is never replaced.
-const SIGNAL_OFFSET: c_int = 7;
+/// The signal used: SIGURG, whose default action is to be ignored (Go's runtime
+/// preempts goroutines with it for that reason). Should anything reset its handler to
+/// the default, a capture is lost, not the process; a real-time signal's default would
+/// terminate it. SIGURG is otherwise only sent for out-of-band socket data to a process
+/// that asked for it (`F_SETOWN`). A handler already installed for it is never replaced,
+/// and the handler is checked before each send.
+const SIGNAL: c_int = libc::SIGURG;
 
 // The capture's life: the caller arms it, the handler on the target thread claims it
 // (ARMED -> WRITING) and completes it (DONE); the caller reads it and goes back to
@@ -50,6 +55,14 @@ static PC: AtomicUsize = AtomicUsize::new(0);
 /// One capture at a time in the process: the buffer is shared by every monitor.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 static INSTALLED: OnceLock<Result<c_int, InstallFailure>> = OnceLock::new();
+/// Captures refused because an earlier one is stuck in the handler's unwinder.
+static STUCK_REFUSALS: AtomicU64 = AtomicU64::new(0);
+
+/// How many captures were refused because an earlier one never left the handler's
+/// unwinder.
+pub(super) fn stuck_refusals() -> u64 {
+    STUCK_REFUSALS.load(Ordering::Relaxed)
+}
 
 #[derive(Clone, Copy, Debug)]
 enum InstallFailure {
@@ -91,7 +104,13 @@ pub(super) fn capture(tid: u32, deadline: Instant) -> Result<Raw, Error> {
             // Only this function leaves IDLE, and it holds the lock: no race.
             STATE.store(IDLE, Ordering::Release);
         }
-        _ => return Err(Error::Busy),
+        _ => {
+            STUCK_REFUSALS.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Stuck);
+        }
+    }
+    if !still_ours(signal) {
+        return Err(Error::SignalTaken { signal });
     }
     LEN.store(0, Ordering::Relaxed);
     PC.store(0, Ordering::Relaxed);
@@ -139,7 +158,7 @@ pub(super) fn capture(tid: u32, deadline: Instant) -> Result<Raw, Error> {
 
 fn install() -> Result<c_int, Error> {
     let installed = *INSTALLED.get_or_init(|| {
-        let signal = libc::SIGRTMIN() + SIGNAL_OFFSET;
+        let signal = SIGNAL;
         // SAFETY: an all-zero `sigaction` is a valid value of the C struct (no handler,
         // empty mask, no flags); with a null new action `sigaction` only writes `old`.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -153,7 +172,9 @@ fn install() -> Result<c_int, Error> {
         // SAFETY: as above, all-zero is a valid `sigaction` to fill in.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
         action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-        // SA_RESTART: the interrupted blocking call resumes; no SA_ONSTACK, so the
+        // Only running threads are signalled, but one may enter a blocking call before
+        // the signal lands: SA_RESTART makes the calls the kernel can restart resume
+        // (docs/diagnostics.md lists those it cannot). No SA_ONSTACK, so the
         // unwind runs on the thread's own (large) stack, not the small alternate one.
         action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         // SAFETY: `action.sa_mask` is a valid `sigset_t` to initialise; `action` is a
@@ -172,6 +193,17 @@ fn install() -> Result<c_int, Error> {
         InstallFailure::Taken(signal) => Error::SignalTaken { signal },
         InstallFailure::Os(errno) => Error::Install(std::io::Error::from_raw_os_error(errno)),
     })
+}
+
+/// Whether the handler installed for `signal` is still ours: something may have
+/// replaced it since (or reset it to the default) without telling us.
+fn still_ours(signal: c_int) -> bool {
+    // SAFETY: as in `install`, all-zero is a valid `sigaction`, and with a null new
+    // action `sigaction` only writes `current`.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: `current` is a valid, writable `sigaction`.
+    let status = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
+    status == 0 && current.sa_sigaction == on_signal as *const () as libc::sighandler_t
 }
 
 fn last_errno() -> i32 {
@@ -261,6 +293,11 @@ fn interrupted_pc(_context: *mut c_void) -> usize {
     0
 }
 
+/// Held by every test of this binary that sends the capture signal, so that none finds
+/// another's capture in progress.
+#[cfg(test)]
+pub(super) static SIGNAL_TESTS: Mutex<()> = Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use std::sync::mpsc;
@@ -288,6 +325,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_never_runs_the_handler_costs_one_timeout_and_no_more() {
+        let _serial = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let (tid, blocked) = thread_with_signals_blocked(move || {
             let _ = stop_rx.recv();
@@ -297,7 +335,7 @@ mod tests {
         let err = capture(tid, Instant::now() + timeout)
             .err()
             .expect("no stack");
-        assert!(matches!(err, Error::Timeout { .. } | Error::Busy), "{err}");
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
 
         // The withdrawn capture leaves nothing behind: the next one, of a thread that
@@ -309,15 +347,8 @@ mod tests {
             let _ = go_rx.recv();
         });
         let normal_tid = tid_rx.recv().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let raw = loop {
-            match capture(normal_tid, Instant::now() + Duration::from_secs(5)) {
-                Ok(raw) => break raw,
-                // Another test of this binary may be capturing at the same moment.
-                Err(Error::Busy) if Instant::now() < deadline => {}
-                Err(err) => panic!("{err}"),
-            }
-        };
+        let raw = capture(normal_tid, Instant::now() + Duration::from_secs(5))
+            .unwrap_or_else(|err| panic!("{err}"));
         assert!(!raw.frames.is_empty());
         drop(go_tx);
         normal.join().unwrap();
