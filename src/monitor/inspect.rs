@@ -119,9 +119,11 @@ impl Inspector {
                 kernel: stack::KernelState::read(tid),
             };
         }
-        self.captured.push(this_poll);
         let mut diagnostics =
             ThreadDiagnostics::of(tid, self.config.capture_timeout, is_guard_poll);
+        if !matches!(diagnostics.stack, Err(stack::Error::Unsupported(_))) {
+            self.captured.push(this_poll);
+        }
         if diagnostics.stack.is_ok() && !self.still_in(reconcile, tid) {
             diagnostics.stack = Err(stack::Error::Stale);
         }
@@ -163,3 +165,144 @@ fn is_guard_poll(frame: &Frame) -> bool {
 
 /// The source file of [`crate::guard::Guarded`], relative to the crate.
 const GUARDED_SOURCE: &str = "src/guard/guarded.rs";
+
+#[cfg(all(test, feature = "stack-capture", target_os = "linux"))]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::mpsc;
+    use std::task::{Context, Poll};
+
+    use super::*;
+    use crate::guard::ObjectKey;
+    use crate::monitor::verdict::{Action, HangState};
+
+    /// Each poll blocks its thread until the test lets it go, then asks to be polled
+    /// again: one stuck poll after another, on one thread.
+    struct BlocksEachPoll(mpsc::Receiver<()>);
+
+    impl Future for BlocksEachPoll {
+        type Output = Result<(), ()>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            if self.0.recv().is_err() {
+                return Poll::Ready(Ok(()));
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    /// The reconcile as a scan sees it once it is inside poll number `polls`.
+    fn in_poll(registry: &Registry, polls: u64) -> InFlight {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(r) = registry.snapshot().pop()
+                && r.polls == polls
+                && matches!(r.poll, PollState::InPoll { .. })
+                && r.thread.as_ref().is_some_and(|t| t.tid.is_some())
+            {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "never in poll {polls}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn hung(reconcile: &InFlight) -> Event {
+        Event::Hung {
+            reconcile: reconcile.clone(),
+            state: HangState::InPoll,
+            action: Action::FailLiveness,
+        }
+    }
+
+    fn stuck_reconcile() -> (Registry, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let registry = Registry::new(Duration::from_secs(60));
+        let (release, released) = mpsc::channel();
+        let guarded = registry
+            .controller("web", "Widget")
+            .guard(ObjectKey::cluster("a"), BlocksEachPoll(released));
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime.block_on(guarded).unwrap().unwrap();
+        });
+        (registry, release, thread)
+    }
+
+    fn config() -> Diagnostics {
+        Diagnostics {
+            stack_capture_after: Some(Duration::ZERO),
+            capture_timeout: Duration::from_secs(5),
+            max_threads: 8,
+        }
+    }
+
+    #[test]
+    fn a_stuck_poll_is_captured_once_until_its_hang_is_forgotten() {
+        let (registry, release, thread) = stuck_reconcile();
+        let mut inspector = Inspector::new(config(), registry.clone());
+        let first = in_poll(&registry, 1);
+        let now = Instant::now();
+
+        let shown = inspector.inspect(&hung(&first), now);
+        let stack = shown[0].diagnostics.stack.as_ref().expect("a stack");
+        assert!(stack.mentions("BlocksEachPoll"), "{stack}");
+        let again = inspector.inspect(&hung(&first), now);
+        assert!(
+            matches!(
+                again[0].diagnostics.stack,
+                Err(stack::Error::AlreadyCaptured)
+            ),
+            "{:?}",
+            again[0].diagnostics.stack
+        );
+        assert!(
+            again[0].diagnostics.kernel.is_ok(),
+            "the kernel state is still read"
+        );
+
+        // The next stuck poll is another hang of its own.
+        release.send(()).unwrap();
+        let second = in_poll(&registry, 2);
+        inspector.forget_all_but(std::slice::from_ref(&second));
+        assert!(
+            inspector.inspect(&hung(&second), now)[0]
+                .diagnostics
+                .stack
+                .is_ok()
+        );
+
+        // A reconcile gone from the scan is forgotten: its hang is over.
+        inspector.forget_all_but(&[]);
+        assert!(
+            inspector.inspect(&hung(&second), now)[0]
+                .diagnostics
+                .stack
+                .is_ok()
+        );
+        drop(release);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_stack_captured_after_the_poll_changed_is_discarded() {
+        let (registry, release, thread) = stuck_reconcile();
+        let mut inspector = Inspector::new(config(), registry.clone());
+        let first = in_poll(&registry, 1);
+        // The scan saw poll 1; by the capture, poll 2 runs on the same thread: its
+        // stack must not be shown as poll 1's.
+        release.send(()).unwrap();
+        in_poll(&registry, 2);
+        let shown = inspector.inspect(&hung(&first), Instant::now());
+        assert!(
+            matches!(shown[0].diagnostics.stack, Err(stack::Error::Stale)),
+            "{:?}",
+            shown[0].diagnostics.stack
+        );
+        drop(release);
+        thread.join().unwrap();
+    }
+}

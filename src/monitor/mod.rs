@@ -477,6 +477,40 @@ mod tests {
     }
 
     #[test]
+    fn the_runtime_heartbeat_task_ends_with_a_failed_start_and_with_the_monitor() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let alive = || runtime.handle().metrics().num_alive_tasks();
+        let period = Duration::from_millis(5);
+
+        let heartbeat = RuntimeHeartbeat::spawn(runtime.handle(), period);
+        assert_eq!(alive(), 1);
+        let refused = Config {
+            interval: Duration::ZERO,
+            ..Config::default()
+        };
+        let registry = Registry::new(Duration::from_secs(60));
+        let health = Health::new();
+        assert!(Monitor::spawn(registry.clone(), &health, refused, Some(heartbeat), None).is_err());
+        eventually("the failed start's heartbeat task to end", || alive() == 0);
+
+        let heartbeat = RuntimeHeartbeat::spawn(runtime.handle(), period);
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let monitor = Monitor::spawn(registry, &health, config, Some(heartbeat), None).unwrap();
+        assert_eq!(alive(), 1);
+        drop(monitor);
+        eventually("the stopped monitor's heartbeat task to end", || {
+            alive() == 0
+        });
+    }
+
+    #[test]
     fn a_zero_interval_is_refused() {
         let config = Config {
             interval: Duration::ZERO,

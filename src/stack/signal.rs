@@ -356,3 +356,163 @@ mod tests {
         blocked.join().unwrap();
     }
 }
+
+/// A capture must not change what it observes: threads blocked in calls that no
+/// `SA_RESTART` restarts are not interrupted by one, and their stacks are still shown.
+#[cfg(test)]
+mod blocked_calls {
+    use std::net::UdpSocket;
+    use std::os::fd::AsRawFd;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::thread::JoinHandle;
+
+    use super::*;
+    use crate::stack::{Method, Stack};
+
+    /// One blocking call, made again and again, each lasting `BLOCK_MS` unless a
+    /// signal cuts it short.
+    #[derive(Clone, Copy, Debug)]
+    enum Call {
+        ReadWithTimeout,
+        Poll,
+        Nanosleep,
+    }
+
+    const BLOCK_MS: u64 = 300;
+
+    #[inline(never)]
+    fn blocked_in_read_with_timeout(socket: &UdpSocket) -> bool {
+        let mut buf = [0; 16];
+        matches!(socket.recv(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::Interrupted)
+    }
+
+    #[inline(never)]
+    fn blocked_in_poll(socket: &UdpSocket) -> bool {
+        let mut fd = libc::pollfd {
+            fd: socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `fd` is one valid `pollfd`, alive for the call, and the count is 1.
+        let n = unsafe { libc::poll(&mut fd, 1, BLOCK_MS as c_int) };
+        n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    }
+
+    #[inline(never)]
+    fn blocked_in_nanosleep() -> bool {
+        let duration = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: (BLOCK_MS * 1_000_000) as libc::c_long,
+        };
+        // SAFETY: `duration` is a valid timespec; a null remainder is allowed.
+        let n = unsafe { libc::nanosleep(&duration, std::ptr::null_mut()) };
+        n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    }
+
+    impl Call {
+        fn function(self) -> &'static str {
+            match self {
+                Self::ReadWithTimeout => "blocked_in_read_with_timeout",
+                Self::Poll => "blocked_in_poll",
+                Self::Nanosleep => "blocked_in_nanosleep",
+            }
+        }
+    }
+
+    /// A thread making `call` until stopped, counting the calls a signal interrupted.
+    struct Blocked {
+        tid: u32,
+        interrupted: Arc<AtomicUsize>,
+        stop: Arc<AtomicBool>,
+        thread: Option<JoinHandle<()>>,
+    }
+
+    impl Blocked {
+        fn start(call: Call) -> Self {
+            let socket = UdpSocket::bind("127.0.0.1:0").expect("a loopback socket");
+            socket
+                .set_read_timeout(Some(Duration::from_millis(BLOCK_MS)))
+                .expect("a read timeout");
+            let interrupted = Arc::new(AtomicUsize::new(0));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let thread = {
+                let (interrupted, stop) = (Arc::clone(&interrupted), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    tid_tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+                    while !stop.load(Ordering::Relaxed) {
+                        let eintr = match call {
+                            Call::ReadWithTimeout => blocked_in_read_with_timeout(&socket),
+                            Call::Poll => blocked_in_poll(&socket),
+                            Call::Nanosleep => blocked_in_nanosleep(),
+                        };
+                        if eintr {
+                            interrupted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            };
+            Self {
+                tid: tid_rx.recv().unwrap(),
+                interrupted,
+                stop,
+                thread: Some(thread),
+            }
+        }
+
+        fn interrupted(&self) -> usize {
+            self.interrupted.load(Ordering::Relaxed)
+        }
+    }
+
+    impl Drop for Blocked {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+            if let Some(thread) = self.thread.take() {
+                thread.join().expect("the blocked thread did not panic");
+            }
+        }
+    }
+
+    /// Captures `blocked` until its stack shows `call`'s function (it may not be in the
+    /// call yet), failing after a generous bound.
+    fn stack_showing(blocked: &Blocked, call: Call) -> Stack {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stack = crate::stack::capture(blocked.tid, Duration::from_secs(5));
+            if let Ok(stack) = &stack
+                && stack.mentions(call.function())
+            {
+                return stack.clone();
+            }
+            assert!(Instant::now() < deadline, "{call:?} never shown: {stack:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn captures_do_not_interrupt_blocked_calls_and_show_their_stacks() {
+        for call in [Call::ReadWithTimeout, Call::Poll, Call::Nanosleep] {
+            let blocked = Blocked::start(call);
+            for _ in 0..10 {
+                let stack = stack_showing(&blocked, call);
+                assert_eq!(stack.method, Method::Kernel, "{call:?}:\n{stack}");
+                assert!(stack.mentions("blocked_calls"), "{call:?}:\n{stack}");
+            }
+            assert_eq!(blocked.interrupted(), 0, "{call:?} was interrupted");
+        }
+    }
+
+    #[test]
+    fn a_signal_does_interrupt_them_which_is_what_the_count_would_show() {
+        let _serial = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let blocked = Blocked::start(Call::Nanosleep);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while blocked.interrupted() == 0 {
+            assert!(Instant::now() < deadline, "never interrupted");
+            let _ = capture(blocked.tid, Instant::now() + Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
