@@ -337,6 +337,8 @@ mod tests {
             .expect("no stack");
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
+        // Withdrawn, not left armed: a late handler cannot fill in a later capture.
+        assert_eq!(STATE.load(Ordering::Acquire), IDLE);
 
         // The withdrawn capture leaves nothing behind: the next one, of a thread that
         // does take signals, works.
