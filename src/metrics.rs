@@ -644,6 +644,28 @@ mod tests {
     }
 
     #[test]
+    fn stuck_stack_captures_are_a_counter() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        // Another test of this binary may count one meanwhile.
+        let before = crate::stack::stuck_captures();
+        let text = metrics.encode();
+        let after = crate::stack::stuck_captures();
+        assert!(
+            text.contains("# TYPE reconcile_watchdog_stack_capture_stuck counter"),
+            "{text}"
+        );
+        let value: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("reconcile_watchdog_stack_capture_stuck_total "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no sample in {text}"));
+        assert!(
+            (before..=after).contains(&value),
+            "{value} not in {before}..={after}"
+        );
+    }
+
+    #[test]
     fn serves_only_get_and_head_of_metrics() {
         let metrics = Metrics::new(Arc::new(Health::new()));
         let r = metrics.respond(&Method::GET, "/metrics");

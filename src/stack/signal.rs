@@ -359,6 +359,28 @@ mod tests {
     }
 }
 
+#[cfg(test)]
+mod stuck {
+    use super::*;
+
+    #[test]
+    fn a_capture_stuck_in_the_handler_is_refused_as_stuck_and_counted() {
+        let _serial = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        install().expect("the handler installs");
+        let before = stuck_refusals();
+        // As a handler that never left the unwinder leaves it.
+        STATE.store(state(1, WRITING), Ordering::Release);
+        let err = capture(1, Instant::now() + Duration::from_secs(5))
+            .err()
+            .expect("refused");
+        STATE.store(IDLE, Ordering::Release);
+        assert!(matches!(err, Error::Stuck), "{err}");
+        assert!(err.to_string().contains("never left the unwinder"), "{err}");
+        assert_eq!(stuck_refusals(), before + 1);
+        assert_eq!(crate::stack::stuck_captures(), before + 1);
+    }
+}
+
 /// A capture must not change what it observes: threads blocked in calls that no
 /// `SA_RESTART` restarts are not interrupted by one, and their stacks are still shown.
 #[cfg(test)]
