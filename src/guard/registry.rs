@@ -277,7 +277,9 @@ impl Registry {
     /// What the monitor needs of one scan, cheaply: copies into `out` only the
     /// reconciles past their deadline at `now` (and, with `in_poll`, those inside a poll),
     /// and counts every reconcile per controller into `counts`. On-time reconciles are
-    /// counted from the map alone, without touching their entries.
+    /// counted from the map alone, without touching their entries. Each overdue
+    /// reconcile is marked as reported hung (see [`mark_reported_hung`](Self::mark_reported_hung)),
+    /// as the verdict reports every one it is given.
     pub fn scan_into(
         &self,
         now: Instant,
