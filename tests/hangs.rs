@@ -75,9 +75,11 @@ fn lock_b_while_holding_a(a: &Mutex<()>, b: &Mutex<()>) {
 #[inline(never)]
 fn sleep_through_the_deadline(woken: &AtomicBool) {
     // Blocking sleeps, as long as the test needs: one long sleep could end before a
-    // slow machine has looked.
+    // slow machine has looked. Each lasts a second, so that the thread is almost never
+    // caught between two (running, or waiting for a core on a loaded machine), where
+    // it is neither asleep nor in `nanosleep`.
     while !woken.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
