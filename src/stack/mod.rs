@@ -248,13 +248,9 @@ fn capture_impl(
     deadline: Instant,
     is_last: &dyn Fn(&Frame) -> bool,
 ) -> Result<Stack, Error> {
-    let (addresses, method) = match parked::whereabouts(tid) {
-        Ok(parked::Whereabouts::Parked(at)) => (unwind_parked(tid, at)?, Method::Kernel),
-        Ok(parked::Whereabouts::Running) => (signalled(tid, deadline)?, Method::Signal),
-        Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::NoSuchThread { tid, source });
-        }
-        Err(source) => return Err(Error::Whereabouts { tid, source }),
+    let (addresses, method) = match whereabouts(tid)? {
+        parked::Whereabouts::Parked(at) => (unwind_parked(tid, at)?, Method::Kernel),
+        parked::Whereabouts::Running => (signalled(tid, deadline)?, Method::Signal),
     };
     let mut frames = Vec::new();
     let mut resolved = 0;
@@ -274,6 +270,30 @@ fn capture_impl(
         left_out: addresses.len() - resolved,
         method,
     })
+}
+
+/// How many times, a millisecond apart, a thread must be seen running before it is
+/// signalled: a thread that is mostly blocked (a loop of short reads or sleeps) is
+/// then caught blocked and unwound from outside, not signalled as it enters a call.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const RUNNING_LOOKS: usize = 5;
+
+/// Where thread `tid` is: blocked, or running at each of [`RUNNING_LOOKS`] looks.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn whereabouts(tid: u32) -> Result<parked::Whereabouts, Error> {
+    for look in 1..=RUNNING_LOOKS {
+        match parked::whereabouts(tid) {
+            Ok(parked::Whereabouts::Running) if look < RUNNING_LOOKS => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(found) => return Ok(found),
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NoSuchThread { tid, source });
+            }
+            Err(source) => return Err(Error::Whereabouts { tid, source }),
+        }
+    }
+    Ok(parked::Whereabouts::Running)
 }
 
 /// The frames of a thread blocked in the kernel, unwound from outside.
