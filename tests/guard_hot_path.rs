@@ -1,4 +1,4 @@
-//! What the guard's cheaper hot path must still do: wake a reconcile cancelled while it was being polled, and date polls no earlier than the start nor later than now.
+//! What the guard's cheaper hot path must still do: wake a reconcile cancelled while it was being polled, and date each poll when it began.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,49 +43,71 @@ async fn a_cancel_request_made_during_a_poll_still_wakes_the_reconcile() {
     assert!(registry.is_empty());
 }
 
-/// Pending on the first poll after waking itself, then returns the registry's view of
-/// itself as seen from inside its second poll.
+/// Sleeps in its first poll, notes the time, wakes itself and returns `Pending`; then
+/// returns the registry's view of itself from inside its second poll, and when that
+/// poll began at the latest.
 struct LooksAtItself {
     registry: Registry,
-    polled: bool,
+    second_poll_after: Option<Instant>,
 }
 
+/// How long the first poll lasts: far longer than a coarse clock tick (1 to 10 ms), so
+/// that a second poll dated by the start, or by the first poll, is seen as wrong.
+const FIRST_POLL: Duration = Duration::from_millis(200);
+/// How far a coarse stamp may be from the precise clock, either way, generously.
+const COARSE_LAG: Duration = Duration::from_millis(50);
+
 impl Future for LooksAtItself {
-    type Output = Result<Vec<guard::InFlight>, ()>;
+    type Output = Result<(Vec<guard::InFlight>, Instant, Instant), ()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if self.polled {
-            return Poll::Ready(Ok(self.registry.snapshot()));
+        if let Some(after) = self.second_poll_after {
+            let inside = Instant::now();
+            return Poll::Ready(Ok((self.registry.snapshot(), after, inside)));
         }
-        self.polled = true;
+        std::thread::sleep(FIRST_POLL);
+        self.second_poll_after = Some(Instant::now());
         cx.waker().wake_by_ref();
         Poll::Pending
     }
 }
 
 #[tokio::test]
-async fn poll_times_are_never_before_the_start_nor_after_now() {
-    for _ in 0..100 {
+async fn a_later_poll_is_dated_when_it_began() {
+    for _ in 0..5 {
         let registry = Registry::new(Duration::from_secs(60));
         let reconcile = LooksAtItself {
             registry: registry.clone(),
-            polled: false,
+            second_poll_after: None,
         };
-        let seen = registry
+        let (seen, after_first, inside_second) = registry
             .controller("web", "Widget")
             .guard(ObjectKey::cluster("a"), reconcile)
             .await
             .expect("not cancelled")
             .expect("ok");
-        let now = Instant::now();
         let me = &seen[0];
         assert_eq!(me.polls, 2);
         let PollState::InPoll { since } = me.poll else {
             panic!("seen from inside a poll: {:?}", me.poll);
         };
         assert_eq!(me.last_poll_began, Some(since));
-        assert!(since >= me.started, "a poll time before the start");
-        assert!(since <= now, "a poll time in the future");
+        // Begun after the first poll ended, which was FIRST_POLL after the start, and
+        // not after the look from inside it, each within the coarse clock's tick.
+        assert!(
+            since + COARSE_LAG >= after_first,
+            "dated {:?} before the first poll ended",
+            after_first - since
+        );
+        assert!(
+            since >= me.started + FIRST_POLL - COARSE_LAG,
+            "dated by the start"
+        );
+        assert!(
+            since <= inside_second + COARSE_LAG,
+            "dated {:?} after it was looked at",
+            since - inside_second
+        );
     }
 }
 

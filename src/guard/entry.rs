@@ -197,11 +197,15 @@ impl Entry {
         } else {
             self.stamp_now()
         };
+        // The thread first, then the count, then the stamp, each published by the
+        // next: a reader that sees a poll's count sees its thread, so a stack captured
+        // from that thread while the count stays the same and the poll runs is this
+        // poll's (the monitor checks both after a capture).
+        self.thread.store(thread::current_slot(), Ordering::Relaxed);
+        self.polls.store(polls + 1, Ordering::Release);
         self.poll.store(began << 1 | 1, Ordering::Release);
         // Woken before this poll began: this poll is what the wake asked for.
         self.woken.store(0, Ordering::Relaxed);
-        self.polls.store(polls + 1, Ordering::Relaxed);
-        self.thread.store(thread::current_slot(), Ordering::Relaxed);
     }
 
     /// Remembers the waker of the task that polls the reconcile, so that a wake of the
@@ -276,7 +280,8 @@ impl Entry {
                 .wall
                 .checked_sub(clocks.now.saturating_duration_since(self.started))
                 .unwrap_or(clocks.wall),
-            polls: self.polls.load(Ordering::Relaxed),
+            // Read after the stamp and before the thread: see `poll_begins`.
+            polls: self.polls.load(Ordering::Acquire),
             poll,
             last_poll_began: began,
             thread: threads.info(self.thread.load(Ordering::Relaxed)),

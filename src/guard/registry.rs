@@ -357,7 +357,9 @@ impl Registry {
     /// What the monitor needs of one scan, cheaply: copies into `out` only the
     /// reconciles past their deadline at `now` (and, with `in_poll`, those inside a poll),
     /// and counts every reconcile per controller into `counts`. On-time reconciles are
-    /// counted from the map alone, without touching their entries.
+    /// counted from the map alone, without touching their entries. Each overdue
+    /// reconcile is marked as reported hung (see [`mark_reported_hung`](Self::mark_reported_hung)),
+    /// as the verdict reports every one it is given.
     pub fn scan_into(
         &self,
         now: Instant,
@@ -389,10 +391,23 @@ impl Registry {
                 }
             };
             let overdue = overdue_before.is_some_and(|before| slot.started < before);
+            if overdue {
+                // The verdict reports every reconcile this scan finds overdue as hung.
+                // Mark it now, under the shard's read lock, not after the verdict: the
+                // guard leaves the map under the write lock and then reads the mark, so
+                // one that ends from here on, however soon, queues its end.
+                slot.entry.mark_reported_hung();
+            }
             if overdue || (in_poll && slot.entry.in_poll()) {
                 out.push(slot.entry.snapshot_at(*slot.key(), &clocks, &mut threads));
             }
         }
+    }
+
+    /// A copy of reconcile `id`, while it is in flight.
+    pub(crate) fn get(&self, id: u64) -> Option<InFlight> {
+        let entry = Arc::clone(&self.shared.in_flight.get(&id)?.entry);
+        Some(entry.snapshot(id))
     }
 
     /// Takes the reconciles that ended after being reported hung.
@@ -606,6 +621,39 @@ mod tests {
     use std::sync::mpsc;
 
     use super::*;
+
+    #[test]
+    fn a_reconcile_that_ends_right_after_the_scan_that_found_it_overdue_queues_its_end() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let on_time = handle.register(ObjectKey::cluster("on-time"));
+        let overdue = handle
+            .clone()
+            .with_deadline(Duration::ZERO)
+            .register(ObjectKey::cluster("overdue"));
+        let (mut out, mut counts) = (Vec::new(), Vec::new());
+        let now = Instant::now() + Duration::from_secs(1);
+        registry.scan_into(now, false, &mut out, &mut counts);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].id, overdue.id());
+
+        // Ends before the monitor gets to `mark_reported_hung`: the scan has marked it.
+        let id = overdue.id();
+        overdue.finish(Outcome::Ok);
+        assert!(!registry.mark_reported_hung(id), "already gone");
+        let ended = registry.take_ended();
+        assert_eq!(
+            ended.len(),
+            1,
+            "the end of a reconcile reported hung is queued"
+        );
+        assert_eq!(ended[0].reconcile.id, id);
+        assert_eq!(ended[0].outcome, Outcome::Ok);
+
+        // An on-time reconcile is not marked, and queues nothing.
+        on_time.finish(Outcome::Ok);
+        assert!(registry.take_ended().is_empty());
+    }
 
     #[test]
     fn a_registration_passes_over_a_shard_being_read() {

@@ -1,10 +1,11 @@
 //! Looks at the threads a report is about: for a reconcile stuck inside one poll for
-//! long enough, the native stack and kernel state of the thread it is stuck on.
+//! long enough, the native stack and kernel state of the thread it is stuck on, once
+//! per stuck poll, and only if that poll still runs when the capture is done.
 
 use std::time::{Duration, Instant};
 
-use crate::guard::{InFlight, PollState};
-use crate::stack::{Frame, ThreadDiagnostics};
+use crate::guard::{InFlight, PollState, Registry};
+use crate::stack::{self, Frame, ThreadDiagnostics};
 
 use super::verdict::Event;
 
@@ -39,51 +40,113 @@ pub struct StuckThread {
     pub diagnostics: ThreadDiagnostics,
 }
 
-/// The stuck threads `event` is about, inspected now: for a hang report, the thread of
-/// a reconcile stuck inside a poll for at least `stack_capture_after`; for a
-/// runtime-stall report, the thread of every reconcile inside a poll however long (the
-/// runtime is wedged already: these are the suspects). Empty for other events.
-#[must_use]
-pub fn inspect(event: &Event, now: Instant, config: &Diagnostics) -> Vec<StuckThread> {
-    let Some(after) = config.stack_capture_after else {
-        return Vec::new();
-    };
-    let (reconciles, after): (Vec<&InFlight>, Duration) = match event {
-        Event::Hung { reconcile, .. } | Event::StillHung { reconcile, .. } => {
-            (vec![reconcile], after)
+/// Inspects stuck threads for the monitor, remembering which polls it has captured.
+#[derive(Debug)]
+pub struct Inspector {
+    config: Diagnostics,
+    registry: Registry,
+    /// The reconciles whose stack has been captured, each with the poll it was in (its
+    /// poll count): a later report of the same stuck poll does not signal again.
+    captured: Vec<(u64, u64)>,
+}
+
+impl Inspector {
+    /// Inspects the reconciles of `registry` as `config` says.
+    #[must_use]
+    pub fn new(config: Diagnostics, registry: Registry) -> Self {
+        Self {
+            config,
+            registry,
+            captured: Vec::new(),
         }
-        Event::Escalated {
-            reconcile: Some(reconcile),
-            ..
-        } => (vec![reconcile], after),
-        Event::RuntimeStalled { in_poll, .. } => (in_poll.iter().collect(), Duration::ZERO),
-        _ => return Vec::new(),
-    };
-    let mut seen = Vec::new();
-    let mut out = Vec::new();
-    for reconcile in reconciles {
-        let PollState::InPoll { since } = reconcile.poll else {
-            continue;
-        };
-        let Some(thread) = &reconcile.thread else {
-            continue;
-        };
-        let Some(tid) = thread.tid else {
-            continue;
-        };
-        if now.saturating_duration_since(since) < after || seen.contains(&tid) {
-            continue;
-        }
-        if out.len() >= config.max_threads {
-            break;
-        }
-        seen.push(tid);
-        out.push(StuckThread {
-            name: thread.name.to_string(),
-            diagnostics: ThreadDiagnostics::of(tid, config.capture_timeout, is_guard_poll),
-        });
     }
-    out
+
+    /// The stuck threads `event` is about, inspected now: for a hang report, the
+    /// thread of a reconcile stuck inside a poll for at least `stack_capture_after`;
+    /// for a runtime-stall report, the thread of every reconcile inside a poll however
+    /// long (the runtime is wedged already: these are the suspects). Empty for other
+    /// events. A poll whose stack an earlier report captured is not captured again.
+    pub fn inspect(&mut self, event: &Event, now: Instant) -> Vec<StuckThread> {
+        let Some(after) = self.config.stack_capture_after else {
+            return Vec::new();
+        };
+        let (reconciles, after): (Vec<&InFlight>, Duration) = match event {
+            Event::Hung { reconcile, .. } | Event::StillHung { reconcile, .. } => {
+                (vec![reconcile], after)
+            }
+            Event::Escalated {
+                reconcile: Some(reconcile),
+                ..
+            } => (vec![reconcile], after),
+            Event::RuntimeStalled { in_poll, .. } => (in_poll.iter().collect(), Duration::ZERO),
+            _ => return Vec::new(),
+        };
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        for reconcile in reconciles {
+            let PollState::InPoll { since } = reconcile.poll else {
+                continue;
+            };
+            let Some(thread) = &reconcile.thread else {
+                continue;
+            };
+            let Some(tid) = thread.tid else {
+                continue;
+            };
+            if now.saturating_duration_since(since) < after || seen.contains(&tid) {
+                continue;
+            }
+            if out.len() >= self.config.max_threads {
+                break;
+            }
+            seen.push(tid);
+            out.push(StuckThread {
+                name: thread.name.to_string(),
+                diagnostics: self.inspect_one(reconcile, tid),
+            });
+        }
+        out
+    }
+
+    /// The kernel state of `tid`, and its stack unless this poll's was captured before;
+    /// a stack captured while the poll ended is discarded.
+    fn inspect_one(&mut self, reconcile: &InFlight, tid: u32) -> ThreadDiagnostics {
+        let this_poll = (reconcile.id, reconcile.polls);
+        if self.captured.contains(&this_poll) {
+            return ThreadDiagnostics {
+                tid,
+                stack: Err(stack::Error::AlreadyCaptured),
+                kernel: stack::KernelState::read(tid),
+            };
+        }
+        let mut diagnostics =
+            ThreadDiagnostics::of(tid, self.config.capture_timeout, is_guard_poll);
+        if !matches!(diagnostics.stack, Err(stack::Error::Unsupported(_))) {
+            self.captured.push(this_poll);
+        }
+        if diagnostics.stack.is_ok() && !self.still_in(reconcile, tid) {
+            diagnostics.stack = Err(stack::Error::Stale);
+        }
+        diagnostics
+    }
+
+    /// Whether `reconcile` is still inside the poll it was in at the scan, on `tid`: its
+    /// poll count is the same and a poll runs (see `Entry::poll_begins` for why that
+    /// pairs the thread with the poll).
+    fn still_in(&self, reconcile: &InFlight, tid: u32) -> bool {
+        self.registry.get(reconcile.id).is_some_and(|now| {
+            now.polls == reconcile.polls
+                && matches!(now.poll, PollState::InPoll { .. })
+                && now.thread.and_then(|t| t.tid) == Some(tid)
+        })
+    }
+
+    /// Forgets the captures of reconciles that are no longer in `attention` (the
+    /// scan's overdue and stalled reconciles): their hang is over.
+    pub fn forget_all_but(&mut self, attention: &[InFlight]) {
+        self.captured
+            .retain(|(id, _)| attention.iter().any(|r| r.id == *id));
+    }
 }
 
 /// Whether `frame` is the guard's poll. The frames below it are the runtime's, the
@@ -102,3 +165,144 @@ fn is_guard_poll(frame: &Frame) -> bool {
 
 /// The source file of [`crate::guard::Guarded`], relative to the crate.
 const GUARDED_SOURCE: &str = "src/guard/guarded.rs";
+
+#[cfg(all(test, feature = "stack-capture", target_os = "linux"))]
+mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::mpsc;
+    use std::task::{Context, Poll};
+
+    use super::*;
+    use crate::guard::ObjectKey;
+    use crate::monitor::verdict::{Action, HangState};
+
+    /// Each poll blocks its thread until the test lets it go, then asks to be polled
+    /// again: one stuck poll after another, on one thread.
+    struct BlocksEachPoll(mpsc::Receiver<()>);
+
+    impl Future for BlocksEachPoll {
+        type Output = Result<(), ()>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            if self.0.recv().is_err() {
+                return Poll::Ready(Ok(()));
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    /// The reconcile as a scan sees it once it is inside poll number `polls`.
+    fn in_poll(registry: &Registry, polls: u64) -> InFlight {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(r) = registry.snapshot().pop()
+                && r.polls == polls
+                && matches!(r.poll, PollState::InPoll { .. })
+                && r.thread.as_ref().is_some_and(|t| t.tid.is_some())
+            {
+                return r;
+            }
+            assert!(Instant::now() < deadline, "never in poll {polls}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn hung(reconcile: &InFlight) -> Event {
+        Event::Hung {
+            reconcile: reconcile.clone(),
+            state: HangState::InPoll,
+            action: Action::FailLiveness,
+        }
+    }
+
+    fn stuck_reconcile() -> (Registry, mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let registry = Registry::new(Duration::from_secs(60));
+        let (release, released) = mpsc::channel();
+        let guarded = registry
+            .controller("web", "Widget")
+            .guard(ObjectKey::cluster("a"), BlocksEachPoll(released));
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            runtime.block_on(guarded).unwrap().unwrap();
+        });
+        (registry, release, thread)
+    }
+
+    fn config() -> Diagnostics {
+        Diagnostics {
+            stack_capture_after: Some(Duration::ZERO),
+            capture_timeout: Duration::from_secs(5),
+            max_threads: 8,
+        }
+    }
+
+    #[test]
+    fn a_stuck_poll_is_captured_once_until_its_hang_is_forgotten() {
+        let (registry, release, thread) = stuck_reconcile();
+        let mut inspector = Inspector::new(config(), registry.clone());
+        let first = in_poll(&registry, 1);
+        let now = Instant::now();
+
+        let shown = inspector.inspect(&hung(&first), now);
+        let stack = shown[0].diagnostics.stack.as_ref().expect("a stack");
+        assert!(stack.mentions("BlocksEachPoll"), "{stack}");
+        let again = inspector.inspect(&hung(&first), now);
+        assert!(
+            matches!(
+                again[0].diagnostics.stack,
+                Err(stack::Error::AlreadyCaptured)
+            ),
+            "{:?}",
+            again[0].diagnostics.stack
+        );
+        assert!(
+            again[0].diagnostics.kernel.is_ok(),
+            "the kernel state is still read"
+        );
+
+        // The next stuck poll is another hang of its own.
+        release.send(()).unwrap();
+        let second = in_poll(&registry, 2);
+        inspector.forget_all_but(std::slice::from_ref(&second));
+        assert!(
+            inspector.inspect(&hung(&second), now)[0]
+                .diagnostics
+                .stack
+                .is_ok()
+        );
+
+        // A reconcile gone from the scan is forgotten: its hang is over.
+        inspector.forget_all_but(&[]);
+        assert!(
+            inspector.inspect(&hung(&second), now)[0]
+                .diagnostics
+                .stack
+                .is_ok()
+        );
+        drop(release);
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn a_stack_captured_after_the_poll_changed_is_discarded() {
+        let (registry, release, thread) = stuck_reconcile();
+        let mut inspector = Inspector::new(config(), registry.clone());
+        let first = in_poll(&registry, 1);
+        // The scan saw poll 1; by the capture, poll 2 runs on the same thread: its
+        // stack must not be shown as poll 1's.
+        release.send(()).unwrap();
+        in_poll(&registry, 2);
+        let shown = inspector.inspect(&hung(&first), Instant::now());
+        assert!(
+            matches!(shown[0].diagnostics.stack, Err(stack::Error::Stale)),
+            "{:?}",
+            shown[0].diagnostics.stack
+        );
+        drop(release);
+        thread.join().unwrap();
+    }
+}

@@ -72,10 +72,18 @@ impl Heartbeat {
 
 /// The async runtime's heartbeat: a task on that runtime beats it every `period`. If
 /// every worker is blocked, the task cannot run and the beat grows old.
+/// Dropping it stops the task (with the monitor that owns it, or with a failed start).
 #[derive(Debug)]
 pub struct RuntimeHeartbeat {
     heartbeat: Arc<Heartbeat>,
     handle: tokio::runtime::Handle,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for RuntimeHeartbeat {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl RuntimeHeartbeat {
@@ -84,7 +92,7 @@ impl RuntimeHeartbeat {
     pub fn spawn(handle: &tokio::runtime::Handle, period: Duration) -> Self {
         let heartbeat = Heartbeat::new();
         let beating = Arc::clone(&heartbeat);
-        handle.spawn(async move {
+        let task = handle.spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -95,6 +103,7 @@ impl RuntimeHeartbeat {
         Self {
             heartbeat,
             handle: handle.clone(),
+            task: task.abort_handle(),
         }
     }
 
@@ -377,6 +386,7 @@ fn run(
     let mut snapshot = Vec::new();
     let mut counts = Vec::new();
     let mut next = Instant::now();
+    let mut inspector = inspect::Inspector::new(*diagnostics, registry.clone());
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -415,7 +425,7 @@ fn run(
         }
         let sample = runtime.map(RuntimeHeartbeat::sample);
         for event in &decision.events {
-            let threads = inspect::inspect(event, now, diagnostics);
+            let threads = inspector.inspect(event, now);
             report::emit(event, now, sample, &threads);
             if !threads.is_empty() {
                 // Capturing stacks is work, not a stall: keep the `watchdog` check from
@@ -423,6 +433,7 @@ fn run(
                 status.beat.beat(Instant::now());
             }
         }
+        inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
             observer.scanned(&Scan {
                 attention: &snapshot,
@@ -519,6 +530,40 @@ mod tests {
             health.liveness.run_one("watchdog"),
             Some(Err("the watchdog thread has stopped".into()))
         );
+    }
+
+    #[test]
+    fn the_runtime_heartbeat_task_ends_with_a_failed_start_and_with_the_monitor() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let alive = || runtime.handle().metrics().num_alive_tasks();
+        let period = Duration::from_millis(5);
+
+        let heartbeat = RuntimeHeartbeat::spawn(runtime.handle(), period);
+        assert_eq!(alive(), 1);
+        let refused = Config {
+            interval: Duration::ZERO,
+            ..Config::default()
+        };
+        let registry = Registry::new(Duration::from_secs(60));
+        let health = Health::new();
+        assert!(Monitor::spawn(registry.clone(), &health, refused, Some(heartbeat), None).is_err());
+        eventually("the failed start's heartbeat task to end", || alive() == 0);
+
+        let heartbeat = RuntimeHeartbeat::spawn(runtime.handle(), period);
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let monitor = Monitor::spawn(registry, &health, config, Some(heartbeat), None).unwrap();
+        assert_eq!(alive(), 1);
+        drop(monitor);
+        eventually("the stopped monitor's heartbeat task to end", || {
+            alive() == 0
+        });
     }
 
     #[test]

@@ -1,13 +1,18 @@
 //! The native stack and kernel state of a thread stuck inside a poll.
 //!
 //! [`KernelState`] reads `/proc/self/task/<tid>/` and needs no privilege beyond being
-//! the same process. [`capture`] sends the thread a signal whose handler records its
-//! instruction pointers (see the `signal` module, the only `unsafe` code of the crate,
-//! behind the `stack-capture` feature, Linux only); symbols are resolved afterwards on
-//! the calling thread. Where capture is unavailable, reports fall back to the thread's
-//! name and kernel state.
+//! the same process. [`capture`] never interrupts a thread blocked in the kernel: it
+//! unwinds such a thread from the registers the kernel shows for it (the `parked`
+//! module, x86_64). Only a thread running in user space (a busy loop), which no signal
+//! can interrupt in a system call, is sent a signal whose handler records its
+//! instruction pointers (the `signal` module, the only `unsafe` code of the crate).
+//! Both are behind the `stack-capture` feature, Linux only; symbols are resolved
+//! afterwards on the calling thread. Where capture is unavailable, reports fall back
+//! to the thread's name and kernel state.
 
 mod kernel;
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+mod parked;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod signal;
 
@@ -15,6 +20,16 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 pub use kernel::KernelState;
+
+/// How many stack captures were refused because an earlier one never left the signal
+/// handler's unwinder ([`Error::Stuck`]): from the first, signal capture is off.
+#[must_use]
+pub fn stuck_captures() -> u64 {
+    #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+    return signal::stuck_refusals();
+    #[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+    0
+}
 
 /// Errors of reading a thread's stack or state.
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +64,40 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// Another capture is in progress, or an earlier one never finished.
+    /// Another capture is in progress.
     #[error("another stack capture is in progress")]
     Busy,
+    /// An earlier signal capture never left the unwinder in the signal handler: the
+    /// buffer stays its own, so signal capture is off for the life of the process.
+    #[error(
+        "an earlier stack capture never left the unwinder in its signal handler; capture of running threads is off"
+    )]
+    Stuck,
+    /// The thread moved each time its stack was read from the kernel's registers.
+    #[error("thread {tid} kept waking while its stack was read; no consistent stack")]
+    KeptMoving {
+        /// The kernel thread id.
+        tid: u32,
+    },
+    /// The kernel does not say where the thread is, and a signal could interrupt a
+    /// system call it is blocked in: it is left alone.
+    #[error("cannot tell whether thread {tid} is blocked; not signalling it")]
+    Whereabouts {
+        /// The kernel thread id.
+        tid: u32,
+        /// Why `/proc/self/task/<tid>/syscall` could not be read.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The thread is blocked in the kernel, and this architecture cannot unwind it from
+    /// outside; a signal would interrupt the blocking call, so none is sent.
+    #[error(
+        "thread {tid} is blocked in the kernel, which this architecture cannot unwind without interrupting it"
+    )]
+    BlockedUnwindUnsupported {
+        /// The kernel thread id.
+        tid: u32,
+    },
     /// The thread did not run its handler in time (the signal is blocked on it, or it
     /// is stopped).
     #[error("thread {tid} did not record its stack in time")]
@@ -59,7 +105,14 @@ pub enum Error {
         /// The kernel thread id.
         tid: u32,
     },
-    /// The unwinder found no frames beyond the signal handler.
+    /// This poll's stack was captured for an earlier report of the same hang.
+    #[error("captured once per hang: see the first report of this hang")]
+    AlreadyCaptured,
+    /// The poll ended (or another began) while the stack was captured: the stack may be
+    /// another code path's, so it is not shown.
+    #[error("the poll ended during the capture; the stack was discarded as stale")]
+    Stale,
+    /// The unwinder found no frames (beyond the signal handler's own).
     #[error("the unwinder found no frames")]
     Empty,
 }
@@ -96,8 +149,18 @@ impl fmt::Display for Frame {
     }
 }
 
-/// A thread's native stack, innermost frame first, starting where the signal
-/// interrupted it.
+/// How a stack was captured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Method {
+    /// Unwound from the registers the kernel saved for a thread blocked in it: the
+    /// thread was not disturbed.
+    #[default]
+    Kernel,
+    /// Recorded by a signal handler on a thread running in user space.
+    Signal,
+}
+
+/// A thread's native stack, innermost frame first, starting where the thread was.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stack {
     /// The frames resolved.
@@ -105,6 +168,8 @@ pub struct Stack {
     /// How many outer frames were captured but left unresolved (see
     /// [`capture_until`]).
     pub left_out: usize,
+    /// How it was captured.
+    pub method: Method,
 }
 
 impl Stack {
@@ -129,7 +194,14 @@ impl fmt::Display for Stack {
         if self.left_out > 0 {
             write!(f, "\n     ... {} outer frames left out", self.left_out)?;
         }
-        Ok(())
+        match self.method {
+            Method::Kernel => f.write_str(
+                "\n     (unwound from the kernel's registers of the blocked thread; it was not interrupted)",
+            ),
+            Method::Signal => {
+                f.write_str("\n     (recorded by a signal to the thread, which was running)")
+            }
+        }
     }
 }
 
@@ -176,21 +248,15 @@ fn capture_impl(
     deadline: Instant,
     is_last: &dyn Fn(&Frame) -> bool,
 ) -> Result<Stack, Error> {
-    let raw = signal::capture(tid, deadline)?;
-    // The interrupted frame is where the thread was; the frames before it are the
-    // handler's and the kernel's signal trampoline.
-    let ips = match raw
-        .pc
-        .and_then(|pc| raw.frames.iter().position(|ip| *ip == pc))
-    {
-        Some(start) => &raw.frames[start..],
-        None => after_trampoline(&raw.frames),
+    let (addresses, method) = match whereabouts(tid)? {
+        parked::Whereabouts::Parked(at) => (unwind_parked(tid, at)?, Method::Kernel),
+        parked::Whereabouts::Running => (signalled(tid, deadline)?, Method::Signal),
     };
     let mut frames = Vec::new();
     let mut resolved = 0;
-    for &ip in ips {
+    for address in &addresses {
         let before = frames.len();
-        symbolize(ip, &mut frames);
+        symbolize(address.ip, address.lookup, &mut frames);
         resolved += 1;
         if frames[before..].iter().any(is_last) {
             break;
@@ -201,8 +267,67 @@ fn capture_impl(
     }
     Ok(Stack {
         frames,
-        left_out: ips.len() - resolved,
+        left_out: addresses.len() - resolved,
+        method,
     })
+}
+
+/// How many times, a millisecond apart, a thread must be seen running before it is
+/// signalled: a thread that is mostly blocked (a loop of short reads or sleeps) is
+/// then caught blocked and unwound from outside, not signalled as it enters a call.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const RUNNING_LOOKS: usize = 5;
+
+/// Where thread `tid` is: blocked, or running at each of [`RUNNING_LOOKS`] looks.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn whereabouts(tid: u32) -> Result<parked::Whereabouts, Error> {
+    for look in 1..=RUNNING_LOOKS {
+        match parked::whereabouts(tid) {
+            Ok(parked::Whereabouts::Running) if look < RUNNING_LOOKS => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(found) => return Ok(found),
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NoSuchThread { tid, source });
+            }
+            Err(source) => return Err(Error::Whereabouts { tid, source }),
+        }
+    }
+    Ok(parked::Whereabouts::Running)
+}
+
+/// The frames of a thread blocked in the kernel, unwound from outside.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn unwind_parked(tid: u32, at: parked::Parked) -> Result<Vec<parked::Address>, Error> {
+    match parked::unwind(tid, at, signal::MAX_FRAMES) {
+        Ok(addresses) => Ok(addresses),
+        Err(parked::Failure::KeptMoving | parked::Failure::Running) => {
+            Err(Error::KeptMoving { tid })
+        }
+        Err(parked::Failure::Io(source)) if source.kind() == std::io::ErrorKind::NotFound => {
+            Err(Error::NoSuchThread { tid, source })
+        }
+        Err(parked::Failure::Io(source)) => Err(Error::Whereabouts { tid, source }),
+        Err(parked::Failure::Unsupported) => Err(Error::BlockedUnwindUnsupported { tid }),
+    }
+}
+
+/// The frames of a running thread, recorded by its signal handler: from where the
+/// signal interrupted it, without the handler's and the trampoline's frames.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn signalled(tid: u32, deadline: Instant) -> Result<Vec<parked::Address>, Error> {
+    let raw = signal::capture(tid, deadline)?;
+    let ips = match raw
+        .pc
+        .and_then(|pc| raw.frames.iter().position(|ip| *ip == pc))
+    {
+        Some(start) => &raw.frames[start..],
+        None => after_trampoline(&raw.frames),
+    };
+    Ok(ips
+        .iter()
+        .map(|&ip| parked::Address { ip, lookup: ip })
+        .collect())
 }
 
 /// The frames after the kernel's signal trampoline, when the interrupted instruction
@@ -212,7 +337,7 @@ fn after_trampoline(ips: &[usize]) -> &[usize] {
     let mut frames = Vec::new();
     for (n, &ip) in ips.iter().enumerate() {
         frames.clear();
-        symbolize(ip, &mut frames);
+        symbolize(ip, ip, &mut frames);
         if frames
             .iter()
             .any(|f| f.function.as_deref() == Some("__restore_rt"))
@@ -236,12 +361,12 @@ fn capture_impl(
     }))
 }
 
-/// Appends the frames `ip` resolves to: more than one when calls were inlined there,
-/// innermost first; one without a name when it resolves to nothing.
+/// Appends the frames of `ip`, looked up by `lookup`: more than one when calls were
+/// inlined there, innermost first; one without a name when it resolves to nothing.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn symbolize(ip: usize, frames: &mut Vec<Frame>) {
+fn symbolize(ip: usize, lookup: usize, frames: &mut Vec<Frame>) {
     let before = frames.len();
-    backtrace::resolve(std::ptr::without_provenance_mut(ip), |symbol| {
+    backtrace::resolve(std::ptr::without_provenance_mut(lookup), |symbol| {
         frames.push(Frame {
             ip,
             function: symbol.name().map(|name| format!("{name:#}")),
@@ -276,8 +401,8 @@ impl ThreadDiagnostics {
     /// [`capture_until`] does, waiting at most `timeout` for the stack.
     #[must_use]
     pub fn of(tid: u32, timeout: Duration, is_last: impl Fn(&Frame) -> bool) -> Self {
-        // The kernel state first: it is what the thread was doing before the signal
-        // woke it.
+        // The kernel state first: were a signal sent, it is what the thread was doing
+        // before.
         let kernel = KernelState::read(tid);
         let stack = capture_until(tid, timeout, is_last);
         Self { tid, stack, kernel }
@@ -340,7 +465,12 @@ mod tests {
         };
         let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
         assert!(stack.mentions("lock"), "{stack}");
-        // The handler and the trampoline are cut off: the stack starts in the lock.
+        assert_eq!(
+            stack.method,
+            Method::Kernel,
+            "a blocked thread is not signalled"
+        );
+        // Nothing of a signal handler in it: the stack starts in the lock.
         assert!(!stack.mentions("on_signal"), "{stack}");
         assert_eq!(stack.left_out, 0);
 
@@ -354,7 +484,10 @@ mod tests {
         assert!(is_caller(short.frames.last().unwrap()), "{short}");
         assert!(short.left_out > 0, "{short}");
         assert!(
-            short.to_string().ends_with("outer frames left out"),
+            short.to_string().contains(&format!(
+                "\n     ... {} outer frames left out\n",
+                short.left_out
+            )),
             "{short}"
         );
         drop(held);
@@ -363,13 +496,20 @@ mod tests {
 
     #[test]
     fn a_spinning_thread_shows_its_loop() {
+        let _serial = signal::SIGNAL_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let stop = Arc::new(AtomicBool::new(false));
         let (tid, handle) = {
             let stop = Arc::clone(&stop);
             thread_running(move || spinning_without_a_break(&stop))
         };
         let stack = capture_eventually(tid, |s| s.mentions("spinning_without_a_break"));
-        assert!(!stack.to_string().is_empty());
+        assert_eq!(
+            stack.method,
+            Method::Signal,
+            "a running thread is signalled"
+        );
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
     }
@@ -380,7 +520,7 @@ mod tests {
         let tid = i32::MAX as u32;
         let started = Instant::now();
         let err = capture(tid, TIMEOUT).unwrap_err();
-        assert!(matches!(err, Error::Signal { .. }), "{err}");
+        assert!(matches!(err, Error::NoSuchThread { .. }), "{err}");
         assert!(
             started.elapsed() < TIMEOUT,
             "no wait for a thread that is not there"

@@ -115,6 +115,31 @@ pub fn assert_stack_shows(stack: Option<&str>, frames: &[&str]) {
     }
 }
 
+/// How a stack unwound from a blocked thread's kernel registers ends: that thread was
+/// not interrupted.
+pub const NOT_INTERRUPTED: &str =
+    "(unwound from the kernel's registers of the blocked thread; it was not interrupted)";
+
+/// How a stack recorded by the signal ends: only a running thread is signalled.
+pub const SIGNALLED_RUNNING: &str = "(recorded by a signal to the thread, which was running)";
+
+/// Asserts that `stack` (a reminder's `stack` field) points to the first report of the
+/// hang, which captured it: a stuck poll is captured once.
+pub fn assert_captured_once(stack: Option<&str>) {
+    let stack = stack.expect("a stack field");
+    if cfg!(all(feature = "stack-capture", target_os = "linux")) {
+        assert_eq!(
+            stack,
+            "unavailable: captured once per hang: see the first report of this hang"
+        );
+    } else {
+        assert!(
+            stack.starts_with("unavailable: stack capture is unavailable"),
+            "{stack}"
+        );
+    }
+}
+
 /// Every report about `controller`, for a failure message.
 pub fn dump(controller: &str) -> String {
     let mut out = String::new();
