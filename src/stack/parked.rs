@@ -306,20 +306,17 @@ mod native {
         // The frame pointer is not in the `syscall` file, and code built with frame
         // pointers (the Rust standard library is) finds its caller's frame through it.
         // Every frame record on the stack (a saved frame pointer that points further up
-        // the stack, beside a return address into code) is a candidate for it. A system
-        // call wrapper keeps the frame pointer of its caller, so the innermost record
-        // that explains more of the stack than the walk without one is the frame
-        // pointer at the call: the longest walk is not taken, since a record further up
-        // can explain as much while skipping the frames in between (seen in release
-        // builds, where it hid the function that held the lock).
-        let without = walk(tables, parked, stack, 0, max_frames);
+        // the stack, beside a return address into code) is a candidate for it: the walk
+        // from the first candidate that explains the stack furthest is taken, and the
+        // walk without one when no candidate beats it.
+        let mut best = walk(tables, parked, stack, 0, max_frames);
         for bp in frame_records(maps, stack).take(MAX_FRAME_POINTER_CANDIDATES) {
             let frames = walk(tables, parked, stack, bp, max_frames);
-            if frames.len() > without.len() {
-                return Ok(frames);
+            if frames.len() > best.len() {
+                best = frames;
             }
         }
-        Ok(without)
+        Ok(best)
     }
 
     /// How many frame records a capture tries as the frame pointer.
@@ -332,12 +329,11 @@ mod native {
         (stack.start..end.saturating_sub(8))
             .step_by(8)
             .filter(move |&at| {
-                // The saved frame pointer itself may be anything: a caller built without
-                // frame pointers (release builds of this crate) uses the register freely.
-                let (Ok(_saved), Ok(ret)) = (stack.word(at), stack.word(at + 8)) else {
+                let (Ok(saved), Ok(ret)) = (stack.word(at), stack.word(at + 8)) else {
                     return false;
                 };
-                maps.containing(ret).is_some_and(|m| m.executable)
+                (saved == 0 || (saved > at && saved < end))
+                    && maps.containing(ret).is_some_and(|m| m.executable)
             })
     }
 
