@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 use warp::http::{Method, Response, StatusCode, header};
 
-use super::routes::{method_not_allowed, not_found, text};
+use super::routes::{head_without_body, method_not_allowed, not_found, text};
 use super::server::Request;
 use crate::deadlines::{self, Advisor};
 use crate::guard::{InFlight, PollState, Registry};
@@ -46,11 +46,7 @@ impl DebugViews {
     /// for other methods. Never panics.
     #[must_use]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
-        let mut response = self.respond_get(request);
-        if request.method == Method::HEAD {
-            response.body_mut().clear();
-        }
-        response
+        head_without_body(request, self.respond_get(request))
     }
 
     fn respond_get(&self, request: &Request<'_>) -> Response<String> {

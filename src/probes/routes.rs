@@ -72,11 +72,7 @@ impl Probes {
     /// without a body.
     #[must_use]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
-        let mut response = self.respond_get(request);
-        if request.method == Method::HEAD {
-            response.body_mut().clear();
-        }
-        response
+        head_without_body(request, self.respond_get(request))
     }
 
     fn respond_get(&self, request: &Request<'_>) -> Response<String> {
@@ -235,6 +231,18 @@ fn route(path: &str) -> Option<Route<'_>> {
             _ => None,
         },
     }
+}
+
+/// GET's answer to `request`, without its body when the method is HEAD (status and
+/// headers stay): how every router here answers HEAD.
+pub(crate) fn head_without_body(
+    request: &Request<'_>,
+    mut response: Response<String>,
+) -> Response<String> {
+    if request.method == Method::HEAD {
+        response.body_mut().clear();
+    }
+    response
 }
 
 /// 404, worded as kube-apiserver words it.
