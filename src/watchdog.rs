@@ -190,10 +190,15 @@ impl Builder {
         let scan_observer = metrics
             .clone()
             .map(|metrics| metrics as Arc<dyn monitor::Observer>);
+        let mut monitor_config = self.monitor;
+        if let Some(check) = self.api_server_check {
+            monitor_config.api_server_confirm_within =
+                crate::kube::apiserver::answer_within(check) + 2 * monitor_config.interval;
+        }
         let monitor = Monitor::spawn_watching_api_server(
             registry.clone(),
             &health,
-            self.monitor,
+            monitor_config,
             self.diagnostics,
             heartbeat,
             self.api_server_check.map(|_| Arc::clone(&api_server)),

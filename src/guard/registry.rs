@@ -358,8 +358,8 @@ impl Registry {
     /// reconciles past their deadline at `now` (and, with `in_poll`, those inside a poll),
     /// and counts every reconcile per controller into `counts`. On-time reconciles are
     /// counted from the map alone, without touching their entries. Each overdue
-    /// reconcile is marked as reported hung (see [`mark_reported_hung`](Self::mark_reported_hung)),
-    /// as the verdict reports every one it is given.
+    /// reconcile is marked as reported hung, as the verdict reports every one it is given, so
+    /// that its end is queued for [`take_ended`](Self::take_ended).
     pub fn scan_into(
         &self,
         now: Instant,
@@ -414,18 +414,6 @@ impl Registry {
     #[must_use]
     pub fn take_ended(&self) -> Vec<Ended> {
         std::mem::take(&mut *self.shared.ended.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// Marks reconcile `id` as reported hung, so that its end is reported as well.
-    /// Returns false when it has already ended.
-    pub fn mark_reported_hung(&self, id: u64) -> bool {
-        match self.shared.in_flight.get(&id) {
-            Some(slot) => {
-                slot.entry.mark_reported_hung();
-                true
-            }
-            None => false,
-        }
     }
 
     /// Asks reconcile `id` to stop at its next poll and wakes it. Returns false when it
@@ -637,10 +625,9 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].id, overdue.id());
 
-        // Ends before the monitor gets to `mark_reported_hung`: the scan has marked it.
+        // Ends right after the scan, before the verdict has looked: the scan marked it.
         let id = overdue.id();
         overdue.finish(Outcome::Ok);
-        assert!(!registry.mark_reported_hung(id), "already gone");
         let ended = registry.take_ended();
         assert_eq!(
             ended.len(),

@@ -140,7 +140,7 @@ fn check_until_stopped(
         }
     };
     let timeout = MAX_TIMEOUT.min(interval);
-    let min_gap = interval / 5;
+    let min_gap = min_gap(interval);
     let mut last_silent = false;
     while !stop.load(Ordering::Acquire) {
         let began = Instant::now();
@@ -156,7 +156,7 @@ fn check_until_stopped(
             _ => {}
         }
         last_silent = answer.is_err();
-        status.record(answer, Instant::now());
+        status.record(answer, began);
         // A bounded rate, whoever asks.
         let next = began + min_gap;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
@@ -164,6 +164,17 @@ fn check_until_stopped(
         }
         status.wait_asked(interval.saturating_sub(began.elapsed()));
     }
+}
+
+/// The shortest time between two checks, whoever asks.
+fn min_gap(interval: Duration) -> Duration {
+    interval / 5
+}
+
+/// How soon after the monitor asks, at the latest, a check of every `interval` has an
+/// answer (or has given up): its rate limit, then its timeout.
+pub(crate) fn answer_within(interval: Duration) -> Duration {
+    min_gap(interval) + MAX_TIMEOUT.min(interval)
 }
 
 /// One check: `GET /version` on a client of its own (so a fresh connection), within

@@ -21,7 +21,7 @@ pub struct ApiServerStatus {
 
 #[derive(Debug, Default)]
 struct State {
-    /// When the server was last found to answer.
+    /// When the latest check that found the server answering was sent.
     answered_at: Option<Instant>,
     /// Since when it has not answered, and why, while it does not.
     silent: Option<(Instant, String)>,
@@ -35,23 +35,24 @@ impl ApiServerStatus {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a check made at `now`: `Ok` when the server gave any HTTP answer, the
-    /// error otherwise.
-    pub fn record(&self, answer: Result<(), String>, now: Instant) {
+    /// Records a check sent at `asked_at`: `Ok` when the server gave any HTTP answer,
+    /// the error otherwise.
+    pub fn record(&self, answer: Result<(), String>, asked_at: Instant) {
         let mut state = self.lock();
         state.checked = true;
         match answer {
             Ok(()) => {
                 if let Some((since, _)) = state.silent.take() {
-                    state.silent_before += now.saturating_duration_since(since);
+                    state.silent_before += asked_at.saturating_duration_since(since);
                 }
-                state.answered_at = Some(now);
+                state.answered_at = Some(asked_at);
             }
             Err(error) => {
                 let since = match state.silent.take() {
                     Some((since, _)) => since,
-                    // The outage began after the last answer, at the latest now.
-                    None => now,
+                    // The outage began after the last answer, at the latest when this
+                    // unanswered check was sent.
+                    None => asked_at,
                 };
                 state.silent = Some((since, error));
             }
@@ -83,8 +84,10 @@ impl ApiServerStatus {
                 since: *since,
                 why: why.clone(),
             },
-            None if state.checked => ApiServer::Answers,
-            None => ApiServer::NotChecked,
+            None => match state.answered_at {
+                Some(asked_at) => ApiServer::Answers { asked_at },
+                None => ApiServer::NotChecked,
+            },
         }
     }
 
@@ -112,7 +115,7 @@ impl ApiServerStatus {
                 "the API server does not answer ({why}) for {}",
                 fmt_duration(now.saturating_duration_since(since))
             )),
-            ApiServer::Answers | ApiServer::NotChecked => Ok(()),
+            ApiServer::Answers { .. } | ApiServer::NotChecked => Ok(()),
         }
     }
 }

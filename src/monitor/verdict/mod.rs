@@ -14,7 +14,7 @@
 
 mod budget;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,6 +77,10 @@ pub struct Config {
     pub summary_every: Duration,
     /// While liveness is held for an API outage, how often the report says so again.
     pub outage_reminder: Duration,
+    /// Under `restart`, how long a reconcile newly overdue on an await waits to be
+    /// judged for a reachability check sent after its deadline (asked for at once): an
+    /// outage that began after the latest check must not fail liveness first.
+    pub api_server_confirm_within: Duration,
 }
 
 impl Default for Config {
@@ -91,6 +95,7 @@ impl Default for Config {
             reports_per_minute: 6,
             summary_every: Duration::from_secs(15),
             outage_reminder: Duration::from_secs(60),
+            api_server_confirm_within: Duration::from_secs(5),
         }
     }
 }
@@ -102,7 +107,10 @@ pub enum ApiServer {
     #[default]
     NotChecked,
     /// It gave an HTTP answer, whatever its status.
-    Answers,
+    Answers {
+        /// When the check that answered was sent: the server answered at that moment.
+        asked_at: Instant,
+    },
     /// It gave none.
     Silent {
         /// Since when, at the latest.
@@ -321,8 +329,8 @@ pub struct Decision {
     pub events: Vec<Event>,
     /// Every reconcile past its deadline.
     pub overdue: Vec<Overdue>,
-    /// Reconciles newly reported hung: the registry must remember so their end is
-    /// reported.
+    /// Reconciles newly found hung (the registry's scan has marked them, so that their
+    /// end is reported).
     pub mark_hung: Vec<u64>,
     /// Every reconcile newly found past its deadline, by controller and state, whether
     /// or not its report fitted the budget: what the metrics count.
@@ -333,6 +341,8 @@ pub struct Decision {
     pub reconcilers_failure: Option<String>,
     /// Why the `runtime` liveness check fails, if it does.
     pub runtime_failure: Option<String>,
+    /// Reconciles newly overdue on an await: ask the API server now whether it answers.
+    pub ask_api_server: bool,
 }
 
 /// What the verdict remembers of one reported reconcile.
@@ -435,6 +445,10 @@ pub struct Verdict {
     /// Scans so far: what `Tracked::seen` counts in.
     scans: u64,
     tracked: HashMap<u64, Tracked, BuildIdHasher>,
+    /// Overdue reconciles whose judgment waits (for the runtime's heartbeat or for an
+    /// API server check): the registry's scan has marked them, so each one's end comes
+    /// back, and is not reported, as no hang of theirs was.
+    deferred: HashSet<u64, BuildIdHasher>,
     /// Recent cancellations per (controller, object), oldest first.
     cancels: HashMap<(Arc<str>, ObjectKey), VecDeque<Instant>>,
     /// Since when the runtime's heartbeat has been stale, as far as the scans saw.
@@ -458,6 +472,7 @@ impl Verdict {
             config,
             scans: 0,
             tracked: HashMap::default(),
+            deferred: HashSet::default(),
             cancels: HashMap::new(),
             runtime_stalled_since: None,
             api_server: ApiServer::NotChecked,
@@ -494,6 +509,9 @@ impl Verdict {
         // 1. Reconciles that ended since the last scan: report them, count cancellations.
         let mut cancelled_now = Vec::new();
         for end in ended {
+            if self.deferred.remove(&end.reconcile.id) {
+                continue;
+            }
             self.tracked.remove(&end.reconcile.id);
             if end.outcome == Outcome::Cancelled {
                 let key = (
@@ -591,6 +609,7 @@ impl Verdict {
         // is as for any hang.
         if runtime_late && state == HangState::Awaiting && !self.tracked.contains_key(&reconcile.id)
         {
+            self.deferred.insert(reconcile.id);
             decision.overdue.push(Overdue {
                 reconcile: reconcile.clone(),
                 state: HangState::Starved,
@@ -598,6 +617,29 @@ impl Verdict {
                 fails_liveness: self.config.policy == HangPolicy::Restart,
             });
             return;
+        }
+        // A new await overdue under `restart`, while the latest check that found the API
+        // server answering was sent before this deadline passed: an outage may have
+        // begun since. Judged once a check sent after the deadline tells (asked for now),
+        // or after `api_server_confirm_within` whatever the checks do; liveness holds
+        // meanwhile.
+        if state == HangState::Awaiting
+            && self.config.policy == HangPolicy::Restart
+            && !self.tracked.contains_key(&reconcile.id)
+            && let ApiServer::Answers { asked_at } = self.api_server
+        {
+            let overdue_at = reconcile.started + reconcile.deadline;
+            decision.ask_api_server = true;
+            if asked_at < overdue_at && now < overdue_at + self.config.api_server_confirm_within {
+                self.deferred.insert(reconcile.id);
+                decision.overdue.push(Overdue {
+                    reconcile: reconcile.clone(),
+                    state,
+                    elapsed,
+                    fails_liveness: false,
+                });
+                return;
+            }
         }
         let deadlines = deadlines_crossed(elapsed, reconcile.deadline);
         let policy = self.config.policy;
@@ -652,6 +694,8 @@ impl Verdict {
         };
 
         if first {
+            self.deferred.remove(&reconcile.id);
+            decision.ask_api_server |= state == HangState::Awaiting;
             decision.mark_hung.push(reconcile.id);
             decision
                 .newly_hung
@@ -797,7 +841,7 @@ impl Verdict {
                     });
                 }
             }
-            (ApiServer::Answers | ApiServer::NotChecked, Some((_, since))) => {
+            (ApiServer::Answers { .. } | ApiServer::NotChecked, Some((_, since))) => {
                 self.outage_reported = None;
                 decision.events.push(Event::ApiServerAnswers {
                     silent_for: now.saturating_duration_since(since),
@@ -1511,7 +1555,9 @@ mod tests {
 
         // It answers again and the await is still stuck on its old request: the normal
         // verdict (a restart is the cure for a stuck connection).
-        v.observe_api_server(ApiServer::Answers);
+        v.observe_api_server(ApiServer::Answers {
+            asked_at: t0 + 67 * SECOND,
+        });
         let d = v.step(
             std::slice::from_ref(&awaiting),
             vec![],
@@ -1527,6 +1573,108 @@ mod tests {
             "{:?}",
             d.events
         );
+    }
+
+    #[test]
+    fn a_new_await_is_judged_once_a_check_sent_after_its_deadline_tells() {
+        let t0 = Instant::now();
+        let mut v = verdict(HangPolicy::Restart);
+        // The latest check answered a second after the start: before the deadline.
+        v.observe_api_server(ApiServer::Answers {
+            asked_at: t0 + SECOND,
+        });
+        let awaiting = reconcile(1, "web", "a", 5 * SECOND, t0);
+        let stuck = in_poll(reconcile(2, "web", "b", 5 * SECOND, t0), t0);
+        let both = [awaiting.clone(), stuck];
+
+        // Overdue: the await waits for a newer check (asked for), liveness holds for it
+        // and nothing is reported of it yet; the hang inside a poll is judged at once.
+        let d = v.step(&both, vec![], None, t0 + 6 * SECOND);
+        assert!(d.ask_api_server);
+        let failure = d
+            .reconcilers_failure
+            .expect("the in-poll hang fails liveness");
+        assert!(!failure.contains("ns/a"), "{failure}");
+        assert_eq!(d.mark_hung, vec![2]);
+        assert_eq!(d.overdue.len(), 2, "both are overdue in the view");
+
+        // A check sent after the deadline found the server silent: held, reported so.
+        v.observe_api_server(ApiServer::Silent {
+            since: t0 + 6 * SECOND,
+            why: "no answer within 2s".into(),
+        });
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 7 * SECOND,
+        );
+        assert!(d.reconcilers_failure.is_none());
+        assert!(
+            d.events.iter().any(|e| matches!(
+                e,
+                Event::Hung {
+                    action: Action::HeldForApiServer,
+                    ..
+                }
+            )),
+            "{:?}",
+            d.events
+        );
+
+        // Another await: this time the check after its deadline answered.
+        let mut v = verdict(HangPolicy::Restart);
+        v.observe_api_server(ApiServer::Answers {
+            asked_at: t0 + SECOND,
+        });
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 6 * SECOND,
+        );
+        assert!(d.reconcilers_failure.is_none() && d.events.is_empty());
+        v.observe_api_server(ApiServer::Answers {
+            asked_at: t0 + 6 * SECOND,
+        });
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 7 * SECOND,
+        );
+        assert!(d.reconcilers_failure.unwrap().contains("ns/a"));
+        assert_eq!(d.mark_hung, vec![1]);
+
+        // No newer check within `api_server_confirm_within`: judged all the same.
+        let mut v = verdict(HangPolicy::Restart);
+        v.observe_api_server(ApiServer::Answers {
+            asked_at: t0 + SECOND,
+        });
+        let late = t0 + 5 * SECOND + v.config().api_server_confirm_within;
+        let d = v.step(std::slice::from_ref(&awaiting), vec![], None, late);
+        assert!(d.reconcilers_failure.unwrap().contains("ns/a"));
+
+        // One that ends while it waits was never reported hung: its end is not either.
+        let mut v = verdict(HangPolicy::Restart);
+        v.observe_api_server(ApiServer::Answers {
+            asked_at: t0 + SECOND,
+        });
+        let d = v.step(
+            std::slice::from_ref(&awaiting),
+            vec![],
+            None,
+            t0 + 6 * SECOND,
+        );
+        assert!(d.events.is_empty());
+        let end = Ended {
+            reconcile: awaiting.clone(),
+            elapsed: 7 * SECOND,
+            outcome: Outcome::Ok,
+        };
+        let d = v.step(&[], vec![end], None, t0 + 7 * SECOND);
+        assert!(d.events.is_empty(), "{:?}", d.events);
+        assert!(format!("{v:?}").contains("deferred: {}"));
     }
 
     #[test]
