@@ -128,7 +128,7 @@ pub struct Scan<'a> {
     /// Every reconcile in flight, counted per controller.
     pub in_flight_by_controller: &'a [(Arc<str>, usize)],
     /// What the verdict decided.
-    pub decision: &'a Decision,
+    pub decision: &'a Decision<'a>,
     /// How long the scan took (snapshot, decision and reports).
     pub took: Duration,
     /// The watched runtime's heartbeat age, when one is watched.
@@ -146,7 +146,8 @@ pub trait Observer: Send + Sync + 'static {
 struct Published {
     reconcilers_failure: Option<String>,
     runtime_failure: Option<String>,
-    overdue: Vec<Overdue>,
+    /// How many reconciles were overdue.
+    overdue: usize,
 }
 
 /// The state the monitor publishes and the checks read.
@@ -163,10 +164,10 @@ impl Status {
         Arc::clone(&self.published.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The overdue reconciles of the latest scan.
+    /// How many reconciles the latest scan found overdue.
     #[must_use]
-    pub fn overdue(&self) -> Vec<Overdue> {
-        self.latest().overdue.clone()
+    pub fn overdue(&self) -> usize {
+        self.latest().overdue
     }
 
     /// `watchdog`: the monitor thread lives and has scanned within 3 intervals.
@@ -441,7 +442,7 @@ fn run(
         *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
             reconcilers_failure: decision.reconcilers_failure,
             runtime_failure: decision.runtime_failure,
-            overdue: decision.overdue,
+            overdue: decision.overdue.len(),
         });
 
         // Sleep to the next tick; park so that `stop` can wake us early. A thread that
@@ -515,7 +516,7 @@ mod tests {
         eventually("liveness to fail", || !health.liveness.run(&[]).passed());
         let reason = health.liveness.run_one("reconcilers").unwrap().unwrap_err();
         assert!(reason.starts_with("web ns/a running"), "{reason}");
-        assert_eq!(monitor.status().overdue().len(), 1);
+        assert_eq!(monitor.status().overdue(), 1);
 
         drop(guard);
         eventually("liveness to recover", || health.liveness.run(&[]).passed());

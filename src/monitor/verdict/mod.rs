@@ -310,10 +310,11 @@ pub enum Event {
 }
 
 /// One overdue reconcile, as the checks and the metrics see it.
-#[derive(Clone, Debug)]
-pub struct Overdue {
-    /// The reconcile at the scan.
-    pub reconcile: InFlight,
+#[derive(Clone, Copy, Debug)]
+pub struct Overdue<'a> {
+    /// The reconcile at the scan (borrowed from the scan's copy: a mass hang clones
+    /// nothing here).
+    pub reconcile: &'a InFlight,
     /// Where it is stuck.
     pub state: HangState,
     /// How long it had run at the scan.
@@ -324,11 +325,11 @@ pub struct Overdue {
 
 /// What one scan decided.
 #[derive(Clone, Debug, Default)]
-pub struct Decision {
+pub struct Decision<'a> {
     /// Events to log, in order.
     pub events: Vec<Event>,
     /// Every reconcile past its deadline.
-    pub overdue: Vec<Overdue>,
+    pub overdue: Vec<Overdue<'a>>,
     /// Reconciles newly found hung (the registry's scan has marked them, so that their
     /// end is reported).
     pub mark_hung: Vec<u64>,
@@ -496,13 +497,13 @@ impl Verdict {
     /// One scan: `in_flight` is the registry's snapshot, `ended` the reconciles that
     /// finished after being reported hung, `runtime_heartbeat_age` the age of the async
     /// runtime's heartbeat (None when no runtime is watched), and `now` the clock.
-    pub fn step(
+    pub fn step<'a>(
         &mut self,
-        in_flight: &[InFlight],
+        in_flight: &'a [InFlight],
         ended: Vec<Ended>,
         runtime_heartbeat_age: Option<Duration>,
         now: Instant,
-    ) -> Decision {
+    ) -> Decision<'a> {
         let mut decision = Decision::default();
         let mut lines = Lines::default();
 
@@ -597,7 +598,7 @@ impl Verdict {
         reconcile: &'a InFlight,
         (runtime_stalled, runtime_late): (bool, bool),
         now: Instant,
-        decision: &mut Decision,
+        decision: &mut Decision<'a>,
         lines: &mut Lines<'a>,
         victims: &mut Vec<InFlight>,
     ) {
@@ -611,7 +612,7 @@ impl Verdict {
         {
             self.deferred.insert(reconcile.id);
             decision.overdue.push(Overdue {
-                reconcile: reconcile.clone(),
+                reconcile,
                 state: HangState::Starved,
                 elapsed,
                 fails_liveness: self.config.policy == HangPolicy::Restart,
@@ -633,7 +634,7 @@ impl Verdict {
             if asked_at < overdue_at && now < overdue_at + self.config.api_server_confirm_within {
                 self.deferred.insert(reconcile.id);
                 decision.overdue.push(Overdue {
-                    reconcile: reconcile.clone(),
+                    reconcile,
                     state,
                     elapsed,
                     fails_liveness: false,
@@ -721,16 +722,16 @@ impl Verdict {
         }
 
         decision.overdue.push(Overdue {
-            reconcile: reconcile.clone(),
+            reconcile,
             state,
             elapsed,
             fails_liveness: action.fails_liveness(),
         });
     }
 
-    fn reconcilers_failure(&self, overdue: &[Overdue]) -> Option<String> {
+    fn reconcilers_failure(&self, overdue: &[Overdue<'_>]) -> Option<String> {
         enum Failure<'a> {
-            Overdue(&'a Overdue),
+            Overdue(&'a Overdue<'a>),
             CancelledTooOften(&'a Arc<str>, &'a ObjectKey, usize),
         }
         let mut failures: Vec<Failure<'_>> = overdue
@@ -790,7 +791,7 @@ impl Verdict {
         in_flight: &[InFlight],
         age: Option<Duration>,
         now: Instant,
-        decision: &mut Decision,
+        decision: &mut Decision<'_>,
     ) {
         let stalled = age.filter(|age| *age > self.config.runtime_stall_threshold);
         match (stalled, self.runtime_stalled_since) {
@@ -820,7 +821,7 @@ impl Verdict {
         }
     }
 
-    fn judge_api_server(&mut self, now: Instant, decision: &mut Decision) {
+    fn judge_api_server(&mut self, now: Instant, decision: &mut Decision<'_>) {
         let held = decision
             .overdue
             .iter()
@@ -860,7 +861,7 @@ impl Verdict {
     /// then reminders) and counts the rest into their kind's summary. New hangs are
     /// written up to the budget; ends and reminders only when all of a scan's fit,
     /// since a few of a thousand reminders tell nothing the summary does not.
-    fn spend_budget(&mut self, lines: Lines<'_>, now: Instant, decision: &mut Decision) {
+    fn spend_budget(&mut self, lines: Lines<'_>, now: Instant, decision: &mut Decision<'_>) {
         let every = self.config.summary_every;
         let mut by_rank: [Vec<Line<'_>>; 3] = Default::default();
         for line in lines.hung {
@@ -959,7 +960,7 @@ fn deadlines_crossed(elapsed: Duration, deadline: Duration) -> u32 {
         .max(1)
 }
 
-fn describe_overdue(overdue: &Overdue) -> String {
+fn describe_overdue(overdue: &Overdue<'_>) -> String {
     let r = &overdue.reconcile;
     format!(
         "{} {} running {}, deadline {} ({})",
@@ -1034,7 +1035,7 @@ mod tests {
         })
     }
 
-    fn hung_ids(d: &Decision) -> Vec<u64> {
+    fn hung_ids(d: &Decision<'_>) -> Vec<u64> {
         d.events
             .iter()
             .filter_map(|e| match e {
@@ -1349,7 +1350,7 @@ mod tests {
     }
 
     /// Every log line a scan's events make (a summary is one line).
-    fn lines(d: &Decision) -> usize {
+    fn lines(d: &Decision<'_>) -> usize {
         d.events.len()
     }
 
