@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// One named health check.
 pub trait Check: Send + Sync + 'static {
@@ -110,6 +110,37 @@ impl Check for Latch {
         } else {
             Err(self.waiting_for.clone())
         }
+    }
+}
+
+/// The check of every latch of one name: passes once each of them that is still held
+/// has been released. A latch dropped unreleased (its holder gave up, e.g. controllers
+/// dropped on losing a lease) no longer counts.
+#[derive(Debug)]
+struct Latches {
+    name: String,
+    latches: Mutex<Vec<Weak<Latch>>>,
+}
+
+impl Latches {
+    fn join(&self, latch: &Arc<Latch>) {
+        let mut latches = self.latches.lock().unwrap_or_else(|p| p.into_inner());
+        latches.retain(|l| l.strong_count() > 0);
+        latches.push(Arc::downgrade(latch));
+    }
+}
+
+impl Check for Latches {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let latches = self.latches.lock().unwrap_or_else(|p| p.into_inner());
+        latches
+            .iter()
+            .filter_map(Weak::upgrade)
+            .try_for_each(|latch| latch.check())
     }
 }
 
@@ -338,6 +369,8 @@ pub struct Health {
     pub readiness: Checks,
     /// The `shutdown` readiness check.
     pub shutdown: Arc<Shutdown>,
+    /// The readiness checks of [`readiness_latch`](Self::readiness_latch), by name.
+    latches: Mutex<Vec<Arc<Latches>>>,
 }
 
 impl Default for Health {
@@ -360,13 +393,28 @@ impl Health {
             liveness,
             readiness,
             shutdown,
+            latches: Mutex::new(Vec::new()),
         }
     }
 
-    /// Adds a closed readiness latch called `name` and returns it for releasing.
+    /// A closed readiness latch called `name`, for releasing once. Several latches of
+    /// one name (two [`Controllers`](crate::kube::Controllers) on one health set) make
+    /// one check, which passes once every one still held has been released.
     pub fn readiness_latch(&self, name: &str, waiting_for: &str) -> Arc<Latch> {
         let latch = Latch::new(name, waiting_for);
-        self.readiness.add(Arc::clone(&latch) as Arc<dyn Check>);
+        let mut all = self.latches.lock().unwrap_or_else(|p| p.into_inner());
+        match all.iter().find(|l| l.name == name) {
+            Some(latches) => latches.join(&latch),
+            None => {
+                let latches = Arc::new(Latches {
+                    name: name.to_owned(),
+                    latches: Mutex::new(Vec::new()),
+                });
+                latches.join(&latch);
+                self.readiness.add(Arc::clone(&latches) as Arc<dyn Check>);
+                all.push(latches);
+            }
+        }
         latch
     }
 }
@@ -374,6 +422,34 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latches_of_one_name_make_one_check_that_waits_for_every_holder() {
+        let health = Health::new();
+        let first = health.readiness_latch("informer-sync", "first not synced");
+        let second = health.readiness_latch("informer-sync", "second not synced");
+        let names = health.readiness.names();
+        assert_eq!(
+            names.iter().filter(|n| *n == "informer-sync").count(),
+            1,
+            "{names:?}"
+        );
+        let check = || health.readiness.run_one("informer-sync").unwrap();
+        assert_eq!(check(), Err("first not synced".into()));
+        assert!(first.release());
+        assert_eq!(
+            check(),
+            Err("second not synced".into()),
+            "the second still waits"
+        );
+        // A holder that gives up unreleased no longer holds readiness back.
+        drop(second);
+        assert_eq!(check(), Ok(()));
+        let third = health.readiness_latch("informer-sync", "third not synced");
+        assert!(check().is_err());
+        third.release();
+        assert_eq!(check(), Ok(()));
+    }
 
     #[test]
     fn verbose_lists_checks_and_reasons() {
