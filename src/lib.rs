@@ -31,6 +31,7 @@ pub mod kube;
 pub mod metrics;
 pub mod monitor;
 pub mod probes;
+pub mod shutdown;
 pub mod stack;
 pub mod watchdog;
 

@@ -5,7 +5,6 @@ pub mod deadlines;
 pub mod flags;
 pub mod logging;
 pub mod run;
-pub mod signals;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -101,7 +100,7 @@ pub fn main() -> ExitCode {
                 objects: args.objects,
                 near_miss_every: args.near_miss_every,
             };
-            let signals = match signals::listen() {
+            let signals = match crate::shutdown::listen() {
                 Ok(signals) => signals,
                 Err(error) => return report(Err(error)),
             };

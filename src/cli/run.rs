@@ -2,19 +2,18 @@
 //! with graceful shutdown bounded by `--shutdown-grace`.
 
 use std::process::ExitCode;
-use std::sync::{Arc, mpsc};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
 
 use super::flags::{Defaults, WatchdogArgs};
 use super::logging;
-use super::signals::{self, Signal};
-use crate::guard::Registry;
 use crate::kube::leader::{self, LeaderElection};
 use crate::kube::{Controllers, error_chain};
 use crate::operator::{self, Context};
+use crate::shutdown::{Ending, Supervisor};
 
 /// `run`'s flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -160,13 +159,6 @@ enum Mode {
     Elected(LeaderElection),
 }
 
-/// What the main thread waits for.
-enum Event {
-    Signal(Signal),
-    /// The operator ended on its own: drained after shutdown, or failed to start.
-    Stopped(Result<(), Error>),
-}
-
 const WORKERS: usize = 4;
 
 /// Runs the operator until a signal, then drains; the exit status says how that went.
@@ -207,8 +199,9 @@ pub fn crd() -> ExitCode {
 }
 
 fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Error> {
-    let (events, received) = mpsc::channel();
-    forward_signals(signals::listen().map_err(Error::Signals)?, events.clone());
+    // SIGTERM and SIGINT, from now on, on a thread of their own.
+    let supervisor = Supervisor::<Result<(), Error>>::listen().map_err(Error::Signals)?;
+    let stopped = supervisor.stopped();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .thread_name("operator-worker")
@@ -277,101 +270,16 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             }
             Ok(())
         };
-        let _ = events.send(Event::Stopped(started.await));
+        stopped.send(started.await);
     });
 
-    let code = supervise(
-        &received,
-        &watchdog,
-        &shutdown,
-        args.watchdog.shutdown_grace,
-    );
+    let code = match supervisor.wait(&watchdog, &shutdown, args.watchdog.shutdown_grace) {
+        Ending::Stopped(result) | Ending::Drained { result, .. } => {
+            result.map(|()| ExitCode::SUCCESS)
+        }
+        Ending::SecondSignal { .. } | Ending::GraceExpired { .. } => Ok(ExitCode::FAILURE),
+    };
     // Reconciles still hung must not hold the process.
     runtime.shutdown_background();
     code
-}
-
-fn forward_signals(signals: mpsc::Receiver<Signal>, events: mpsc::Sender<Event>) {
-    // The thread ends with the process; nothing needs to join it.
-    let _ = std::thread::Builder::new()
-        .name("signal-forwarder".into())
-        .spawn(move || {
-            while let Ok(signal) = signals.recv() {
-                if events.send(Event::Signal(signal)).is_err() {
-                    return;
-                }
-            }
-        });
-}
-
-/// Waits for the first signal, then drains for at most `grace`; a second signal, or
-/// reconciles that outlive the grace, end it with a failure.
-fn supervise(
-    events: &mpsc::Receiver<Event>,
-    watchdog: &crate::Watchdog,
-    shutdown: &CancellationToken,
-    grace: Duration,
-) -> Result<ExitCode, Error> {
-    let first = match events.recv() {
-        Ok(Event::Signal(signal)) => signal,
-        Ok(Event::Stopped(result)) => return result.map(|()| ExitCode::SUCCESS),
-        Err(mpsc::RecvError) => return Ok(ExitCode::FAILURE),
-    };
-    watchdog.health().shutdown.begin();
-    shutdown.cancel();
-    tracing::info!(
-        signal = ?first,
-        in_flight = watchdog.registry().len(),
-        grace = %humantime::format_duration(grace),
-        "shutting down: not ready, taking no new work, draining reconciles in flight; a second signal exits at once"
-    );
-    match events.recv_timeout(grace) {
-        Ok(Event::Stopped(result)) => {
-            result?;
-            tracing::info!("drained; exiting");
-            Ok(ExitCode::SUCCESS)
-        }
-        Ok(Event::Signal(signal)) => {
-            tracing::error!(
-                ?signal,
-                still_running = %still_running(watchdog.registry()),
-                "second signal: exiting at once"
-            );
-            Ok(ExitCode::FAILURE)
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            tracing::error!(
-                grace = %humantime::format_duration(grace),
-                still_running = %still_running(watchdog.registry()),
-                "reconciles still running after the shutdown grace; exiting"
-            );
-            Ok(ExitCode::FAILURE)
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => Ok(ExitCode::FAILURE),
-    }
-}
-
-/// The reconciles in flight, as `controller object (elapsed)`: the longest running few,
-/// then the rest counted per controller.
-fn still_running(registry: &Registry) -> String {
-    let now = Instant::now();
-    let running = registry.snapshot();
-    if running.is_empty() {
-        return "none".into();
-    }
-    crate::monitor::summary::name_few(
-        &running,
-        crate::monitor::summary::NAMED,
-        ", ",
-        |r| r.elapsed(now),
-        |r| {
-            format!(
-                "{} {} ({})",
-                r.controller,
-                r.object,
-                humantime::format_duration(Duration::from_secs(r.elapsed(now).as_secs()))
-            )
-        },
-        |r| r.controller.clone(),
-    )
 }
