@@ -42,6 +42,52 @@ pub use watchdog::{Builder, Watchdog};
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The monitor's internals, public for this crate's own tests and benchmarks (feature
+/// `internals`, which its dev-dependency on itself turns on): not API.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
+    use std::time::Instant;
+
+    use crate::guard::{ControllerCounts, Ended, InFlight, Registry};
+
+    /// What the monitor thread alone calls on the registry.
+    pub trait RegistryInternals {
+        /// See `Registry::take_ended`.
+        fn take_ended(&self) -> Vec<Ended>;
+        /// See `Registry::scan_into`.
+        fn scan_into(
+            &self,
+            now: Instant,
+            in_poll: bool,
+            out: &mut Vec<InFlight>,
+            counts: &mut ControllerCounts,
+        );
+        /// See `Registry::request_cancel`.
+        fn request_cancel(&self, id: u64) -> bool;
+    }
+
+    impl RegistryInternals for Registry {
+        fn take_ended(&self) -> Vec<Ended> {
+            Registry::take_ended(self)
+        }
+
+        fn scan_into(
+            &self,
+            now: Instant,
+            in_poll: bool,
+            out: &mut Vec<InFlight>,
+            counts: &mut ControllerCounts,
+        ) {
+            Registry::scan_into(self, now, in_poll, out, counts);
+        }
+
+        fn request_cancel(&self, id: u64) -> bool {
+            Registry::request_cancel(self, id)
+        }
+    }
+}
+
 #[doc(hidden)]
 pub mod cli;
 #[doc(hidden)]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use reconcile_watchdog::guard::{self, ObjectKey, Observer, Outcome, PollState, Registry};
+use reconcile_watchdog::internals::RegistryInternals;
 
 /// Pending on the first poll (after waking itself), then `Ok` — a one-await reconcile.
 struct YieldOnce(bool);

@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use reconcile_watchdog::guard::{self, ObjectKey, PollState, Registry};
+use reconcile_watchdog::internals::RegistryInternals;
 
 /// Asks the watchdog to cancel its own reconcile from inside its first poll, then
 /// returns `Pending` without arranging any wake-up: only the guard can wake it.

@@ -13,6 +13,7 @@ use futures::task::AtomicWaker;
 use reconcile_watchdog::guard::{
     BuildIdHasher, ControllerHandle, Guarded, InFlight, ObjectKey, Registry,
 };
+use reconcile_watchdog::internals::RegistryInternals;
 use reconcile_watchdog::monitor::{Config, Verdict};
 
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.

@@ -16,9 +16,14 @@ mod thread;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
+// The registry's hasher: crate-private, public only for this crate's own benchmarks.
+#[cfg(not(feature = "internals"))]
+pub(crate) use registry::BuildIdHasher;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use registry::{BuildIdHasher, IdHasher};
 pub use registry::{
-    BuildIdHasher, ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, IdHasher, Observer,
-    Registry,
+    ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, Observer, Registry,
 };
 pub use registry::{LateEnd, NEAR_MISS_SHARE};
 pub use thread::ThreadInfo;

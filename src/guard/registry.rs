@@ -173,6 +173,7 @@ struct Slot {
 /// client, so one multiply by 2^64 / φ (Fibonacci hashing) spreads them over shards
 /// (high bits) and buckets (low bits) alike, for a fraction of SipHash's cost.
 #[derive(Clone, Copy, Debug, Default)]
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub struct IdHasher(u64);
 
 impl Hasher for IdHasher {
@@ -193,6 +194,7 @@ impl Hasher for IdHasher {
 }
 
 /// Builds [`IdHasher`]s.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub type BuildIdHasher = BuildHasherDefault<IdHasher>;
 
 /// What every reconcile of one controller shares, fixed when its handle is made.
@@ -360,7 +362,7 @@ impl Registry {
     /// counted from the map alone, without touching their entries. Each overdue
     /// reconcile is marked as reported hung, as the verdict reports every one it is given, so
     /// that its end is queued for [`take_ended`](Self::take_ended).
-    pub fn scan_into(
+    pub(crate) fn scan_into(
         &self,
         now: Instant,
         in_poll: bool,
@@ -412,13 +414,13 @@ impl Registry {
 
     /// Takes the reconciles that ended after being reported hung.
     #[must_use]
-    pub fn take_ended(&self) -> Vec<Ended> {
+    pub(crate) fn take_ended(&self) -> Vec<Ended> {
         std::mem::take(&mut *self.shared.ended.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Asks reconcile `id` to stop at its next poll and wakes it. Returns false when it
     /// has already ended.
-    pub fn request_cancel(&self, id: u64) -> bool {
+    pub(crate) fn request_cancel(&self, id: u64) -> bool {
         // Clone the Arc out so no shard lock is held while waking: the waker may run
         // arbitrary code.
         let entry = self

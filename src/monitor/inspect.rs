@@ -42,7 +42,7 @@ pub struct StuckThread {
 
 /// Inspects stuck threads for the monitor, remembering which polls it has captured.
 #[derive(Debug)]
-pub struct Inspector {
+pub(crate) struct Inspector {
     config: Diagnostics,
     registry: Registry,
     /// The reconciles whose stack has been captured, each with the poll it was in (its
@@ -53,7 +53,7 @@ pub struct Inspector {
 impl Inspector {
     /// Inspects the reconciles of `registry` as `config` says.
     #[must_use]
-    pub fn new(config: Diagnostics, registry: Registry) -> Self {
+    pub(crate) fn new(config: Diagnostics, registry: Registry) -> Self {
         Self {
             config,
             registry,
@@ -66,7 +66,7 @@ impl Inspector {
     /// for a runtime-stall report, the thread of every reconcile inside a poll however
     /// long (the runtime is wedged already: these are the suspects). Empty for other
     /// events. A poll whose stack an earlier report captured is not captured again.
-    pub fn inspect(&mut self, event: &Event, now: Instant) -> Vec<StuckThread> {
+    pub(crate) fn inspect(&mut self, event: &Event, now: Instant) -> Vec<StuckThread> {
         let Some(after) = self.config.stack_capture_after else {
             return Vec::new();
         };
@@ -143,7 +143,7 @@ impl Inspector {
 
     /// Forgets the captures of reconciles that are no longer in `attention` (the
     /// scan's overdue and stalled reconciles): their hang is over.
-    pub fn forget_all_but(&mut self, attention: &[InFlight]) {
+    pub(crate) fn forget_all_but(&mut self, attention: &[InFlight]) {
         self.captured
             .retain(|(id, _)| attention.iter().any(|r| r.id == *id));
     }

@@ -6,7 +6,7 @@
 //! module drives the two and holds the state the health checks read.
 
 pub mod api_server;
-pub mod inspect;
+mod inspect;
 pub mod report;
 pub mod summary;
 pub mod verdict;

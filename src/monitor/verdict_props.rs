@@ -318,7 +318,8 @@ impl World {
             // Awaits are held while the API server does not answer; a woken reconcile
             // or one inside a poll is not waiting on it.
             let awaiting = matches!(r.poll, PollState::Awaiting);
-            !(awaiting && api_server_silent) && !waiting.contains(&r.id)
+            let held = (awaiting && api_server_silent) || waiting.contains(&r.id);
+            !held
         });
         match self.policy {
             HangPolicy::Restart => prop_assert_eq!(
