@@ -230,6 +230,8 @@ pub struct Metrics {
     scan_duration: Histogram,
     runtime_heartbeat_age: Gauge<f64, AtomicU64>,
     leader: LeaderSeries,
+    health: Arc<Health>,
+    api_server: Arc<ApiServerStatus>,
 }
 
 impl Metrics {
@@ -243,7 +245,6 @@ impl Metrics {
     /// (shown once its check has run).
     #[must_use]
     pub fn with_api_server(health: Arc<Health>, api_server: Arc<ApiServerStatus>) -> Arc<Self> {
-        let mut registry = prometheus_client::registry::Registry::with_prefix(PREFIX);
         let families = Families {
             reconcile_duration: Family::new_with_constructor(|| Histogram::new(RECONCILE_BUCKETS)),
             in_flight: Family::default(),
@@ -256,79 +257,96 @@ impl Metrics {
         let scan_duration = Histogram::new(SCAN_BUCKETS);
         let runtime_heartbeat_age = Gauge::<f64, AtomicU64>::default();
 
+        let mut metrics = Self {
+            registry: prometheus_client::registry::Registry::default(),
+            families,
+            controllers: RwLock::new(HashMap::new()),
+            scan_duration,
+            runtime_heartbeat_age,
+            leader: LeaderSeries::default(),
+            health,
+            api_server,
+        };
+        let mut own = prometheus_client::registry::Registry::with_prefix(PREFIX);
+        metrics.register_all(&mut own);
+        metrics.registry = own;
+        Arc::new(metrics)
+    }
+
+    /// Registers every metric of the watchdog into `registry` too, under the
+    /// `reconcile_watchdog` prefix (after the registry's own), so that an operator that
+    /// already serves a prometheus-client registry serves these from it. The series are
+    /// shared: both expositions show the same values.
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.register_all(registry.sub_registry_with_prefix(PREFIX));
+    }
+
+    fn register_all(&self, registry: &mut prometheus_client::registry::Registry) {
         // Names without unit or `_total`: the encoder appends them.
         registry.register_with_unit(
             "reconcile_duration",
             "How long reconciles took, by controller and outcome (ok, error, panic, cancelled, dropped)",
             Unit::Seconds,
-            families.reconcile_duration.clone(),
+            self.families.reconcile_duration.clone(),
         );
         registry.register(
             "reconciles_in_flight",
             "Reconciles running at the latest watchdog scan, by controller",
-            families.in_flight.clone(),
+            self.families.in_flight.clone(),
         );
         registry.register(
             "reconciles_overdue",
             "Reconciles past their deadline at the latest watchdog scan, by controller",
-            families.overdue.clone(),
+            self.families.overdue.clone(),
         );
         registry.register(
             "hangs",
             "Reconciles newly found past their deadline, by controller and state (awaiting, in-poll, starved)",
-            families.hangs.clone(),
+            self.families.hangs.clone(),
         );
         registry.register(
             "cancellations",
             "Overdue reconciles the watchdog asked to stop (--on-hang cancel), by controller",
-            families.cancellations.clone(),
+            self.families.cancellations.clone(),
         );
         registry.register(
             "escalations",
             "Cancellations that did not stop a reconcile and now fail liveness, by controller",
-            families.escalations.clone(),
+            self.families.escalations.clone(),
         );
         registry.register(
             "near_misses",
             "Reconciles that ended on time but past the near-miss share of their deadline (--near-miss-threshold), by controller",
-            families.near_misses.clone(),
+            self.families.near_misses.clone(),
         );
         registry.register_with_unit(
             "scan_duration",
             "How long one watchdog scan took (snapshot, decision and reports)",
             Unit::Seconds,
-            scan_duration.clone(),
+            self.scan_duration.clone(),
         );
         registry.register_with_unit(
             "runtime_heartbeat_age",
             "Age of the watched async runtime's heartbeat at the latest scan",
             Unit::Seconds,
-            runtime_heartbeat_age.clone(),
+            self.runtime_heartbeat_age.clone(),
         );
-        registry.register_collector(Box::new(HealthChecks(health)));
-        registry.register_collector(Box::new(ApiServerReachability(api_server)));
-        let leader = LeaderSeries::default();
+        registry.register_collector(Box::new(HealthChecks(Arc::clone(&self.health))));
+        registry.register_collector(Box::new(ApiServerReachability(Arc::clone(
+            &self.api_server,
+        ))));
         registry.register(
             "leader",
             "Whether this process holds the leader-election lease (1) or not (0), by identity",
-            leader.leader.clone(),
+            self.leader.leader.clone(),
         );
         registry.register(
             "lease_renewals",
             "The leader's lease renewals, by result (success, failure)",
-            leader.renewals.clone(),
+            self.leader.renewals.clone(),
         );
-        registry.register_collector(Box::new(leader.renewal_age.clone()));
+        registry.register_collector(Box::new(self.leader.renewal_age.clone()));
         registry.register_collector(Box::new(StuckStackCaptures));
-
-        Arc::new(Self {
-            registry,
-            families,
-            controllers: RwLock::new(HashMap::new()),
-            scan_duration,
-            runtime_heartbeat_age,
-            leader,
-        })
     }
 
     /// The whole exposition in the OpenMetrics text format, `# EOF` included.
@@ -608,6 +626,44 @@ mod tests {
             .lines()
             .find(|l| l.starts_with(prefix))
             .map(|l| l[prefix.len()..].trim())
+    }
+
+    #[test]
+    fn an_operators_own_registry_serves_the_same_series() {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        let mut theirs = prometheus_client::registry::Registry::with_prefix("shop_operator");
+        let orders = Counter::<u64>::default();
+        theirs.register("orders", "Orders placed", orders.clone());
+        metrics.register(&mut theirs);
+
+        let registry = Registry::with_observer(Duration::from_secs(60), metrics.clone());
+        registry
+            .controller("web", "Widget")
+            .register(ObjectKey::cluster("a"))
+            .finish(Outcome::Ok);
+        orders.inc();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &theirs).unwrap();
+        assert_eq!(
+            line(&text, "shop_operator_orders_total "),
+            Some("1"),
+            "{text}"
+        );
+        let ours = "reconcile_watchdog_reconcile_duration_seconds_count{controller=\"web\",outcome=\"ok\"} ";
+        assert_eq!(
+            line(&text, &format!("shop_operator_{ours}")),
+            Some("1"),
+            "{text}"
+        );
+        assert_eq!(
+            line(&metrics.encode(), ours),
+            Some("1"),
+            "the watchdog's own exposition"
+        );
+        assert!(
+            text.contains("shop_operator_reconcile_watchdog_health_check_passing"),
+            "{text}"
+        );
     }
 
     #[test]

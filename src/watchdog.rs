@@ -48,6 +48,7 @@ pub struct Builder {
     monitor: monitor::Config,
     probe_address: Option<SocketAddr>,
     metrics_address: Option<SocketAddr>,
+    collect_metrics: bool,
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
     api_server_check: Option<Duration>,
@@ -101,11 +102,30 @@ impl Builder {
         self
     }
 
-    /// Serves Prometheus `/metrics` on `addr`; `None` (the default) collects no
-    /// metrics at all.
+    /// Serves Prometheus `/metrics` on `addr`; `None` (the default) serves none, and
+    /// collects no metrics unless [`collect_metrics`](Self::collect_metrics) asks.
     #[must_use]
     pub fn metrics_address(mut self, addr: impl Into<Option<SocketAddr>>) -> Self {
         self.metrics_address = addr.into();
+        self
+    }
+
+    /// Collects the metrics even without a metrics address, for an operator that serves
+    /// its own prometheus-client registry: register them into it with
+    /// [`Metrics::register`] (from [`Watchdog::metrics`]).
+    ///
+    /// ```
+    /// let mut registry = prometheus_client::registry::Registry::default();
+    /// let watchdog = reconcile_watchdog::Watchdog::builder().collect_metrics().start()?;
+    /// watchdog.metrics().expect("collected").register(&mut registry);
+    /// let mut text = String::new();
+    /// prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    /// assert!(text.contains("reconcile_watchdog_scan_duration_seconds_count"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn collect_metrics(mut self) -> Self {
+        self.collect_metrics = true;
         self
     }
 
@@ -171,9 +191,8 @@ impl Builder {
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
         let api_server = Arc::new(ApiServerStatus::default());
-        let metrics = self
-            .metrics_address
-            .map(|_| Metrics::with_api_server(Arc::clone(&health), Arc::clone(&api_server)));
+        let metrics = (self.metrics_address.is_some() || self.collect_metrics)
+            .then(|| Metrics::with_api_server(Arc::clone(&health), Arc::clone(&api_server)));
         let advisor = Advisor::new();
         let mut observers = Fanout::new().with(advisor.clone());
         if let Some(metrics) = &metrics {
@@ -281,6 +300,7 @@ impl Watchdog {
             monitor: monitor::Config::default(),
             probe_address: None,
             metrics_address: None,
+            collect_metrics: false,
             runtime: None,
             diagnostics: monitor::Diagnostics::default(),
             api_server_check: Some(Duration::from_secs(5)),
@@ -328,7 +348,8 @@ impl Watchdog {
         self.probes.as_ref().map(HttpServer::local_addr)
     }
 
-    /// The metrics, when a metrics address was given.
+    /// The metrics, when a metrics address was given or
+    /// [`collect_metrics`](Builder::collect_metrics) asked for them.
     #[must_use]
     pub fn metrics(&self) -> Option<&Arc<Metrics>> {
         self.metrics.as_ref()
