@@ -42,6 +42,11 @@ pub use watchdog::{Builder, Watchdog};
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+/// The examples of `docs/embedding.md` compile as doc tests.
+#[doc = include_str!("../docs/embedding.md")]
+#[cfg(doctest)]
+pub struct EmbeddingDoctests;
+
 /// The monitor's internals, public for this crate's own tests and benchmarks (feature
 /// `internals`, which its dev-dependency on itself turns on): not API.
 #[cfg(feature = "internals")]

@@ -14,68 +14,10 @@
 //! - under [`leader`] election, reconciles only while the lease is held
 //!   ([`Controllers::only_while`]).
 //!
-//! The example of `docs/embedding.md`:
-//!
-//! ```no_run
-//! use std::sync::Arc;
-//! use std::time::Duration;
-//!
-//! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube::runtime::{Controller, controller::Action, watcher};
-//! use kube::{Api, Client};
-//! use reconcile_watchdog::{Watchdog, guard, kube::Controllers};
-//! use tokio_util::sync::CancellationToken;
-//!
-//! #[derive(Debug, thiserror::Error)]
-//! enum Error {
-//!     #[error(transparent)]
-//!     Kube(#[from] kube::Error),
-//!     // A panic, or a cancellation by the watchdog (--on-hang cancel), lands here, so
-//!     // your error policy sees it like any other failed reconcile.
-//!     #[error(transparent)]
-//!     Watchdog(#[from] guard::Error),
-//! }
-//!
-//! async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<()>) -> Result<Action, Error> {
-//!     Ok(Action::await_change()) // your reconcile, unchanged
-//! }
-//!
-//! fn error_policy(_: Arc<ConfigMap>, _: &Error, _: Arc<()>) -> Action {
-//!     Action::requeue(Duration::from_secs(5)) // your error policy, unchanged
-//! }
-//!
-//! #[tokio::main]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     // 1. The watchdog: its monitor thread and its probe server on :8081.
-//!     let watchdog = Watchdog::builder()
-//!         .deadlines(Duration::from_secs(300))
-//!         .probe_address("0.0.0.0:8081".parse()?)
-//!         .watch_runtime(tokio::runtime::Handle::current())
-//!         .start()?;
-//!
-//!     // 2. Your controllers, run under it; the watchdog asks the same API server whether
-//!     //    it answers at all (an outage fails readiness, not liveness).
-//!     let config = kube::Config::infer().await?;
-//!     watchdog.api_server().watch(config.clone())?;
-//!     let client = Client::try_from(config)?;
-//!     let shutdown = CancellationToken::new();
-//!     let controllers = Controllers::new(&watchdog, shutdown.clone()).add(
-//!         "configmaps",
-//!         Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default()),
-//!         reconcile,
-//!         error_policy,
-//!         Arc::new(()),
-//!     );
-//!
-//!     // 3. Graceful shutdown: fail readiness, stop taking work, drain (bounded).
-//!     let drained = tokio::spawn(controllers.run());
-//!     tokio::signal::ctrl_c().await?;
-//!     watchdog.health().shutdown.begin();
-//!     shutdown.cancel();
-//!     let _ = tokio::time::timeout(Duration::from_secs(30), drained).await;
-//!     Ok(())
-//! }
-//! ```
+//! [`guarded`] is the primitive under it, for an operator that runs its own
+//! `Controller::run` pipeline. `docs/embedding.md` shows both ways, with a shutdown on
+//! SIGTERM supervised from a plain thread ([`crate::shutdown`]); its examples compile as
+//! doc tests.
 
 pub mod apiserver;
 pub mod leader;
