@@ -247,6 +247,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             if let Err(error) = api_server.watch(config.clone()) {
                 tracing::error!(error = %error_chain(&error), "the API server check did not start");
             }
+            // No read timeout (kube's default): the reference operator lets a request that
+            // never returns hang, to show the watchdog catching it. An operator of your own
+            // should set one; the watchdog is the backstop (docs/embedding.md).
             let client = kube::Client::try_from(config).map_err(Error::Client)?;
             let ctx = Context {
                 client: client.clone(),
