@@ -10,10 +10,9 @@
 3. dashboard: manifests/monitoring/dashboard.json is what dashboard.py prints; its
    panels have unique ids, a query and a description each, and do not overlap.
 4. exported: every metric an alert or a dashboard query names is one the binary
-   (RECONCILE_WATCHDOG_BIN) exports: `demo` is started and its /metrics scraped. The
-   metrics of issues 10 and 11 (PENDING) are not exported yet: only the rules of the
-   api-and-leader component and the dashboard may name them, and the check fails as
-   soon as the binary exports one, saying how to switch its alerts on.
+   (RECONCILE_WATCHDOG_BIN) exports: `demo`'s /metrics is scraped, and `run
+   --leader-elect`'s against the API emulator (tests/support/emulator.py), which adds
+   the API server and leader election series `demo` has no use for.
 """
 
 import json
@@ -21,6 +20,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,10 +36,9 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 # The install with the monitoring component, as an overlay adds it.
 OVERLAY = CASES / "overlay"
 
-# Named in docs (issues 10 and 11) and being built on other branches. When the binary
-# exports them: delete this set's entries, and list `api-and-leader` under `components:`
-# in manifests/monitoring/kustomization.yaml.
-PENDING = {
+EMULATOR = ROOT / "tests" / "support" / "emulator.py"
+# The series only `run --leader-elect` against an API server has: scraped until all show.
+RUN_ONLY = {
     "reconcile_watchdog_api_server_reachable",
     "reconcile_watchdog_api_server_unreachable_seconds_total",
     "reconcile_watchdog_leader",
@@ -213,14 +212,40 @@ def dashboard_queries(dashboard):
     return queries
 
 
+def binary_env():
+    """The environment without RECONCILE_WATCHDOG_ variables (flags come from the tests)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RECONCILE_WATCHDOG_")}
+
+
+def sample_names(text):
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def scrape_until(url, wanted, what):
+    """Sample names of /metrics at `url`, once `wanted` are all among them (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            text = ""
+        names = sample_names(text)
+        if wanted <= names:
+            return names
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {sorted(wanted - names)} not in /metrics after 60s:\n{text}")
+        time.sleep(0.2)
+
+
 def scrape_demo():
     """Sample names of `demo`'s /metrics, once every controller has its series."""
     binary = os.environ["RECONCILE_WATCHDOG_BIN"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILE_WATCHDOG_")}
     demo = subprocess.Popen(
         [binary, "demo", "--duration", "2m", "--health-probe-bind-address", "127.0.0.1:0",
          "--metrics-bind-address", "127.0.0.1:0", "--hang-kind", "none"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        env=binary_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True)
     try:
         url = None
@@ -230,21 +255,57 @@ def scrape_demo():
                 break
         if not url or not url.startswith("http://"):
             raise RuntimeError(f"demo printed no metrics URL (got {url!r})")
-        deadline = time.monotonic() + 60
-        while True:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                text = response.read().decode()
-            names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
-                     if line and not line.startswith("#")}
-            # The per-controller series exist once demo's controllers have reconciled.
-            if "reconcile_watchdog_reconcile_duration_seconds_count" in names:
-                return names
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no reconcile series in /metrics after 60s:\n{text}")
-            time.sleep(0.2)
+        # The per-controller series exist once demo's controllers have reconciled.
+        return scrape_until(url, {"reconcile_watchdog_reconcile_duration_seconds_count"}, "demo")
     finally:
         demo.kill()
         demo.wait()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape_run():
+    """Sample names of `run --leader-elect`'s /metrics against the API emulator, once it
+    leads and has checked the API server."""
+    binary = os.environ["RECONCILE_WATCHDOG_BIN"]
+    with tempfile.TemporaryDirectory(prefix="monitoring-run-") as work:
+        emulator = subprocess.Popen(
+            [sys.executable, str(EMULATOR), "--port", "0"], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        operator = None
+        try:
+            line = emulator.stdout.readline().strip()
+            if not line.startswith("listening on http://"):
+                raise RuntimeError(f"the emulator did not start (it said {line!r})")
+            server = line.removeprefix("listening on ")
+            kubeconfig = pathlib.Path(work) / "kubeconfig"
+            kubeconfig.write_text(
+                "apiVersion: v1\nkind: Config\n"
+                f"clusters:\n- name: kmock\n  cluster:\n    server: {server}\n"
+                "users:\n- name: kmock\n  user: {}\n"
+                "contexts:\n- name: kmock\n  context:\n    cluster: kmock\n    user: kmock\n"
+                "current-context: kmock\n")
+            metrics = f"127.0.0.1:{free_port()}"
+            env = binary_env() | {"KUBECONFIG": str(kubeconfig)}
+            operator = subprocess.Popen(
+                [binary, "run", "--health-probe-bind-address", "127.0.0.1:0",
+                 "--metrics-bind-address", metrics, "--debug-bind-address", "0",
+                 "--api-server-check-interval", "1s", "--namespace", "default",
+                 "--leader-elect", "--leader-elect-resource-namespace", "default",
+                 "--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s",
+                 "--leader-elect-retry-period", "1s"],
+                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+            return scrape_until(f"http://{metrics}/metrics", RUN_ONLY, "run --leader-elect")
+        finally:
+            for process in (operator, emulator):
+                if process is not None:
+                    process.kill()
+                    process.wait()
 
 
 def built_rules():
@@ -257,32 +318,30 @@ def built_rules():
 
 def check_exported():
     failures = []
-    exported = scrape_demo()
-    print(f"ok   demo exports {len(exported)} sample names")
-    for name in sorted(PENDING & exported):
-        failures.append(f"{name} is exported now: delete it from PENDING in tests/monitoring.py "
-                        f"and list api-and-leader under components: in "
-                        f"manifests/monitoring/kustomization.yaml")
+    demo = scrape_demo()
+    print(f"ok   demo exports {len(demo)} sample names")
+    run = scrape_run()
+    print(f"ok   run --leader-elect exports {len(run)} sample names")
+    exported = demo | run
     installed = {r["alert"] for doc in built_rules() for r in alerts(doc)}
     if not installed:
         failures.append(f"{relative(OVERLAY)} builds no alert")
-    named = [(f"alert {r['alert']} ({relative(path)})", r["expr"], r["alert"] in installed)
-             for path, doc in prometheus_rules() for r in alerts(doc)]
+    named = []
+    for path, doc in prometheus_rules():
+        for rule in alerts(doc):
+            what = f"alert {rule['alert']} ({relative(path)})"
+            if rule["alert"] not in installed:
+                failures.append(f"{what}: not installed by {relative(OVERLAY)}")
+            named.append((what, rule["expr"]))
     dashboard = dashboard_module().dashboard()
-    named += [(f"dashboard query {q!r}", q, False) for q in dashboard_queries(dashboard)]
-    pending = set()
-    for what, expr, is_installed in named:
+    named += [(f"dashboard query {q!r}", q) for q in dashboard_queries(dashboard)]
+    for what, expr in named:
         metrics = set(METRIC.findall(expr))
         if not metrics and what.startswith("alert"):
             failures.append(f"{what}: names no reconcile_watchdog_ metric")
+        # Histogram and counter samples are named with their suffix, as in the queries.
         for metric in sorted(metrics - exported):
-            # Histogram and counter samples are named with their suffix.
-            if metric in PENDING and not is_installed:
-                pending.add(metric)
-            else:
-                failures.append(f"{what}: names {metric}, which the binary does not export")
-    for metric in sorted(pending):
-        print(f"pend {metric}: not exported yet (issues 10, 11); its alerts are not installed")
+            failures.append(f"{what}: names {metric}, which the binary does not export")
     if not failures:
         print(f"ok   {len(named)} alerts and dashboard queries name exported metrics "
               f"({len(installed)} alerts installed by the component)")

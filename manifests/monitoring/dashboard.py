@@ -97,6 +97,15 @@ def reconcile_panels():
                 "escalations {{controller}}")],
               fieldConfig={"defaults": {"unit": "short", "custom": {"drawStyle": "bars"}},
                            "overrides": []}),
+        panel("timeseries", "Near misses",
+              "Reconciles that ended on time but past the near-miss share of their deadline "
+              "(--near-miss-threshold, 80% by default), per controller: the next slow one "
+              "will be reported hung (alert ReconcileNearMissesRising; /debug/deadlines "
+              "suggests a deadline).",
+              [(f"sum by (controller) (increase(reconcile_watchdog_near_misses_total{{{NS_CONTROLLER}}}[$__rate_interval]))",
+                "{{controller}}")],
+              fieldConfig={"defaults": {"unit": "short", "custom": {"drawStyle": "bars"}},
+                           "overrides": []}),
     ]
 
 
