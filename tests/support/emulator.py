@@ -19,12 +19,20 @@ an awaited event (no thread, no timer), so that holding hundreds costs nothing:
     POST /_emulator/outage/start           answer nothing at all (discovery and /version
                                            included) but these controls
     POST /_emulator/outage/end             answer everything held by the outage
+Watches (issue 12) carry a BOOKMARK event every --bookmark-every seconds (1 by default;
+a real API server sends one about every minute, kmock none), and can be held:
+
+    POST /_emulator/hold-watches/all       every watch, open or new, delivers nothing (no
+                                           response head for a new one, no event, no
+                                           bookmark) until released
+    POST /_emulator/release-watches/all    they deliver again
+
 Leases (coordination.k8s.io/v1) have optimistic concurrency, as leader election needs:
 a create of an existing Lease is 409 AlreadyExists, and a patch whose body carries a
 metadata.resourceVersion other than the stored one is 409 Conflict (checked and
 written under one lock, so of two racing writers exactly one wins).
 
-Usage: python emulator.py [--port PORT]; it prints one line, "listening on URL", when
+Usage: python emulator.py [--port PORT] [--bookmark-every SECONDS]; it prints one line, "listening on URL", when
 it accepts connections, and runs until killed.
 """
 
@@ -72,6 +80,10 @@ class Emulator(kmock.KubernetesEmulator):
     _outage: asyncio.Event | None = attrs.field(default=None, init=False)
     # Leases: one writer at a time from the resourceVersion check to the store.
     _lease_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    # Seconds between two bookmarks on an open watch.
+    bookmark_every: float = 1.0
+    # Set while watches are held: the event they wait on.
+    _watches_held: asyncio.Event | None = attrs.field(default=None, init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if not raw_request.path.startswith(CONTROL_PREFIX):
@@ -167,6 +179,13 @@ class Emulator(kmock.KubernetesEmulator):
             if self._outage is not None:
                 self._outage.set()
                 self._outage = None
+        elif verb == 'hold-watches' and name == 'all':
+            if self._watches_held is None:
+                self._watches_held = asyncio.Event()
+        elif verb == 'release-watches' and name == 'all':
+            if self._watches_held is not None:
+                self._watches_held.set()
+                self._watches_held = None
         else:
             return None
         return aiohttp.web.Response(text=f'{verb} {name}\n')
@@ -238,6 +257,47 @@ class Emulator(kmock.KubernetesEmulator):
             'details': {'name': request.name, 'group': 'coordination.k8s.io', 'kind': 'leases'},
         }, status=409)
 
+    # Watches ----------------------------------------------------------------------------
+
+    async def _watches_released(self) -> None:
+        while self._watches_held is not None:
+            await self._watches_held.wait()
+
+    async def _serve_watch(self, request: kmock.Request):
+        """kmock's watch stream, with a BOOKMARK whenever it has been quiet for
+        bookmark_every seconds, and nothing at all while watches are held."""
+        await self._watches_released()
+        upstream = super()._serve_watch(request).__aiter__()
+        bookmark = self._bookmark(request.resource)
+        pending = asyncio.ensure_future(upstream.__anext__())
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=self.bookmark_every)
+                await self._watches_released()
+                if pending in done:
+                    try:
+                        event = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    yield event
+                    pending = asyncio.ensure_future(upstream.__anext__())
+                else:
+                    bookmark['object']['metadata']['resourceVersion'] = str(self._revision)
+                    yield bookmark
+        finally:
+            pending.cancel()
+
+    @staticmethod
+    def _bookmark(resource) -> dict:
+        group = getattr(resource, 'group', None) or ''
+        version = getattr(resource, 'version', None) or 'v1'
+        plural = getattr(resource, 'plural', None)
+        kind = next((info.kind for key, info in RESOURCES.items()
+                     if key.rsplit('/', 1)[-1] == plural), 'Unknown')
+        return {'type': 'BOOKMARK', 'object': {
+            'kind': kind, 'apiVersion': f'{group}/{version}' if group else version,
+            'metadata': {'resourceVersion': '0'}}}
+
     async def _serve_list(self, request: kmock.Request) -> kmock.Payload:
         listed = await super()._serve_list(request)
         listed['metadata'] = {'resourceVersion': str(self._revision)}
@@ -256,8 +316,8 @@ def _is_lease_write(request: kmock.Request) -> bool:
             and request.action in (kmock.action.CREATE, kmock.action.UPDATE))
 
 
-async def serve(port: int) -> None:
-    emulator = Emulator()
+async def serve(port: int, bookmark_every: float) -> None:
+    emulator = Emulator(bookmark_every=bookmark_every)
     for resource, info in RESOURCES.items():
         emulator.resources[resource] = info
     async with emulator, kmock.Server(emulator, port=port) as server:
@@ -268,9 +328,11 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--port', type=int, default=0, help='0 picks a free port')
+    parser.add_argument('--bookmark-every', type=float, default=1.0,
+                        help='seconds between bookmarks on a quiet watch')
     args = parser.parse_args()
     try:
-        asyncio.run(serve(args.port))
+        asyncio.run(serve(args.port, args.bookmark_every))
     except KeyboardInterrupt:
         sys.exit(0)
 
