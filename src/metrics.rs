@@ -152,6 +152,39 @@ impl Collector for LeaseAgeCollector {
     }
 }
 
+/// `reconcile_watchdog_watch_age_seconds{controller,resource}`, read at scrape time from
+/// the watches (one series per controller of a watched resource).
+#[derive(Clone, Debug, Default)]
+struct WatchAges(Arc<OnceLock<crate::kube::watches::Watches>>);
+
+impl Collector for WatchAges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(watches) = self.0.get() else {
+            return Ok(());
+        };
+        let ages = watches.ages(std::time::Instant::now());
+        if ages.is_empty() {
+            return Ok(());
+        }
+        let mut family = encoder.encode_descriptor(
+            "watch_age",
+            "Time since a watched resource last showed a sign of life (an event, a bookmark, a list), by controller and resource",
+            Some(&Unit::Seconds),
+            MetricType::Gauge,
+        )?;
+        for watch in &ages {
+            for controller in watch.controllers.split(',') {
+                let labels = [
+                    ("controller", controller),
+                    ("resource", watch.resource.as_str()),
+                ];
+                ConstGauge::new(watch.age.as_secs_f64()).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The labelled families, kept to create each controller's series from.
 #[derive(Debug)]
 struct Families {
@@ -232,6 +265,7 @@ pub struct Metrics {
     leader: LeaderSeries,
     health: Arc<Health>,
     api_server: Arc<ApiServerStatus>,
+    watch_ages: WatchAges,
 }
 
 impl Metrics {
@@ -266,6 +300,7 @@ impl Metrics {
             leader: LeaderSeries::default(),
             health,
             api_server,
+            watch_ages: WatchAges::default(),
         };
         let mut own = prometheus_client::registry::Registry::with_prefix(PREFIX);
         metrics.register_all(&mut own);
@@ -347,6 +382,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(self.leader.renewal_age.clone()));
         registry.register_collector(Box::new(StuckStackCaptures));
+        registry.register_collector(Box::new(self.watch_ages.clone()));
     }
 
     /// The whole exposition in the OpenMetrics text format, `# EOF` included.
@@ -416,6 +452,12 @@ impl Metrics {
         age: impl Fn() -> Option<Duration> + Send + Sync + 'static,
     ) {
         let _ = self.leader.renewal_age.0.set(Box::new(age));
+    }
+
+    /// Serves `reconcile_watchdog_watch_age_seconds` from `watches`, read at each scrape.
+    /// Only the first call counts.
+    pub fn serve_watch_ages(&self, watches: crate::kube::watches::Watches) {
+        let _ = self.watch_ages.0.set(watches);
     }
 
     /// Runs `f` on the series of `controller`, creating them on first sight. The common

@@ -9,6 +9,7 @@ use crate::deadlines::Advisor;
 use crate::guard::{Deadlines, Fanout, Registry};
 use crate::health::Health;
 use crate::kube::apiserver::ApiServerCheck;
+use crate::kube::watches::Watches;
 use crate::metrics::Metrics;
 use crate::monitor::{self, ApiServerStatus, HangPolicy, Monitor, RuntimeHeartbeat};
 use crate::probes::{self, DebugViews, HttpServer, Probes};
@@ -52,6 +53,7 @@ pub struct Builder {
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
     api_server_check: Option<Duration>,
+    watch_stall_threshold: Option<Duration>,
     debug_address: Option<SocketAddr>,
     reasons_to_all_peers: bool,
     near_miss_share: Option<f64>,
@@ -178,6 +180,15 @@ impl Builder {
         self
     }
 
+    /// A watch silent for longer than `threshold` fails the `watches` readiness check
+    /// (default 3 minutes: a few bookmark periods; `None` turns the check off). See
+    /// [`Watchdog::watches`].
+    #[must_use]
+    pub fn watch_stall_threshold(mut self, threshold: Option<Duration>) -> Self {
+        self.watch_stall_threshold = threshold.filter(|t| !t.is_zero());
+        self
+    }
+
     /// A reconcile that ends on time after more than `share` (between 0 and 1) of its
     /// deadline is a near miss: logged (rate-limited) and counted (default 0.8; `None`
     /// turns near misses off).
@@ -263,8 +274,13 @@ impl Builder {
             })
             .transpose()
             .map_err(Error::Debug)?;
+        let watches = Watches::new(self.watch_stall_threshold, &health);
+        if let Some(metrics) = &metrics {
+            metrics.serve_watch_ages(watches.clone());
+        }
         Ok(Watchdog {
             api_server,
+            watches,
             advisor,
             registry,
             health,
@@ -281,6 +297,7 @@ impl Builder {
 #[derive(Debug)]
 pub struct Watchdog {
     api_server: Arc<ApiServerCheck>,
+    watches: Watches,
     advisor: Arc<Advisor>,
     registry: Registry,
     health: Arc<Health>,
@@ -304,10 +321,19 @@ impl Watchdog {
             runtime: None,
             diagnostics: monitor::Diagnostics::default(),
             api_server_check: Some(Duration::from_secs(5)),
+            watch_stall_threshold: Some(crate::kube::watches::DEFAULT_STALL_THRESHOLD),
             debug_address: None,
             reasons_to_all_peers: false,
             near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
         }
+    }
+
+    /// The watches of the controllers: add [`Watches::layer`] to the `kube::Client` and
+    /// [`expect`](Watches::expect) each resource a controller watches, and a watch
+    /// silent past the stall threshold fails the `watches` readiness check.
+    #[must_use]
+    pub fn watches(&self) -> &Watches {
+        &self.watches
     }
 
     /// The API server check: give it the operator's `kube::Config`

@@ -68,6 +68,10 @@ pub struct WatchdogArgs {
     /// How often to ask whether the API server answers at all (run only; an overdue await during an outage does not fail liveness); off disables
     #[arg(long, env = "RECONCILE_WATCHDOG_API_SERVER_CHECK_INTERVAL", value_name = "DURATION", default_value = "5s", value_parser = duration_or_off)]
     pub api_server_check_interval: StackCaptureAfter,
+
+    /// A watch that shows no sign of life (event, bookmark, list) for this long fails readiness, check watches (run only); off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_WATCH_STALL_THRESHOLD", value_name = "DURATION", default_value = "3m", value_parser = positive_duration_or_off)]
+    pub watch_stall_threshold: StackCaptureAfter,
     /// Debug views address (/debug/reconciles; host:port, or :port); keep it on loopback and reach it with kubectl port-forward; 0 disables
     #[arg(long, env = "RECONCILE_WATCHDOG_DEBUG_BIND_ADDRESS", value_name = "ADDR", default_value = "127.0.0.1:8082", value_parser = metrics_address)]
     pub debug_bind_address: DebugAddress,
@@ -144,6 +148,10 @@ impl WatchdogArgs {
             .report_budget(self.hang_report_burst, self.hang_reports_per_minute)
             .api_server_check_interval(match self.api_server_check_interval {
                 StackCaptureAfter::After(every) => Some(every),
+                StackCaptureAfter::Off => None,
+            })
+            .watch_stall_threshold(match self.watch_stall_threshold {
+                StackCaptureAfter::After(threshold) => Some(threshold),
                 StackCaptureAfter::Off => None,
             })
             .near_miss_threshold(self.near_miss_threshold.share())
@@ -286,6 +294,16 @@ pub enum StackCaptureAfter {
 }
 
 /// A humantime duration, or `off`.
+/// A duration greater than zero, or off.
+fn positive_duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
+    if s.trim() == "off" {
+        return Ok(StackCaptureAfter::Off);
+    }
+    positive_duration(s)
+        .map(StackCaptureAfter::After)
+        .map_err(|e| format!("{e}, or off"))
+}
+
 fn duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
     if s.trim() == "off" {
         return Ok(StackCaptureAfter::Off);

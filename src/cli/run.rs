@@ -236,6 +236,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
     let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
     let api_server = std::sync::Arc::clone(watchdog.api_server());
+    let watches = watchdog.watches().clone();
     let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
         let started = async {
@@ -250,13 +251,18 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             // No read timeout (kube's default): the reference operator lets a request that
             // never returns hang, to show the watchdog catching it. An operator of your own
             // should set one; the watchdog is the backstop (docs/embedding.md).
-            let client = kube::Client::try_from(config).map_err(Error::Client)?;
+            // The watches' signs of life are dated on the client's responses.
+            let client = kube::client::ClientBuilder::try_from(config)
+                .map_err(Error::Client)?
+                .with_layer(&watches.layer())
+                .build();
             let ctx = Context {
                 client: client.clone(),
                 fault_injection,
             };
             match mode {
                 Mode::Alone(controllers) => {
+                    operator::expect_watches(&watches);
                     operator::add_to(controllers, ctx, namespace.as_deref())
                         .run()
                         .await;
@@ -264,6 +270,8 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                 // The controllers start on taking the lease, and are dropped on losing it.
                 Mode::Elected(election) => {
                     let lead = move |leadership| {
+                        // A follower watches nothing; the leader's watches count from here.
+                        operator::expect_watches(&watches);
                         let controllers = Controllers::with_parts(registry, &health, until)
                             .only_while(leadership);
                         operator::add_to(controllers, ctx, namespace.as_deref()).run()

@@ -22,6 +22,7 @@
 pub mod apiserver;
 pub mod leader;
 mod log;
+pub mod watches;
 
 use std::fmt::Debug;
 use std::future::Future;

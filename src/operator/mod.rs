@@ -57,6 +57,14 @@ pub struct Context {
     pub fault_injection: bool,
 }
 
+/// Tells `watches` what the ConfigTemplate controller watches: its ConfigTemplates and
+/// the ConfigMaps it owns. Call it when the controller starts.
+pub fn expect_watches(watches: &crate::kube::watches::Watches) {
+    use crate::kube::watches::resource;
+    watches.expect(CONTROLLER, &resource::<ConfigTemplate>(&()));
+    watches.expect(CONTROLLER, &resource::<ConfigMap>(&()));
+}
+
 /// Adds the ConfigTemplate controller, watching `namespace` or every namespace, to
 /// `controllers`.
 pub fn add_to(controllers: Controllers, ctx: Context, namespace: Option<&str>) -> Controllers {

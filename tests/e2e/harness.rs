@@ -134,6 +134,19 @@ impl Emulator {
         self.control("release-prefix", prefix);
     }
 
+    /// Every watch, open or new, delivers nothing (no response head, no event, no
+    /// bookmark), or (`false`) delivers again.
+    pub fn hold_watches(&self, held: bool) {
+        self.control(
+            if held {
+                "hold-watches"
+            } else {
+                "release-watches"
+            },
+            "all",
+        );
+    }
+
     /// The whole API server stops answering (discovery and `/version` included), or
     /// (`false`) answers everything it held.
     pub fn outage(&self, out: bool) {

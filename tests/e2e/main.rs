@@ -9,6 +9,7 @@ mod harness;
 mod mass;
 #[path = "../support/mod.rs"]
 mod support;
+mod watches;
 
 use std::time::{Duration, Instant};
 
