@@ -49,6 +49,8 @@ fn each_malformed_flag_exits_2_naming_it() {
         ("--hang-for", "0s"),
         ("--duration", "1 fortnight"),
         ("--objects", "0"),
+        ("--watch-stall-threshold", "0s"),
+        ("--watch-stall-threshold", "soon"),
     ];
     for (flag, value) in cases {
         let (code, stderr) = demo_with(&[&format!("{flag}={value}")], &[]);
