@@ -44,6 +44,7 @@ RUN_ONLY = {
     "reconcile_watchdog_leader",
     "reconcile_watchdog_lease_renewals_total",
     "reconcile_watchdog_lease_renewal_age_seconds",
+    "reconcile_watchdog_watch_age_seconds",
 }
 SEVERITIES = {"critical", "warning", "info"}
 METRIC = re.compile(r"\breconcile_watchdog_[a-z0-9_]+")

@@ -140,6 +140,18 @@ def watchdog_panels():
                 "scans/s {{pod}}"),
                (f"histogram_quantile(0.99, sum by (pod, le) (rate(reconcile_watchdog_scan_duration_seconds_bucket{{{NS}}}[$__rate_interval])))",
                 "p99 scan {{pod}}")]),
+        panel("timeseries", "Watch age",
+              "Time since each watch of a controller last showed a sign of life (an event, "
+              "a bookmark, a list); bookmarks keep it under about a minute. Past "
+              "--watch-stall-threshold (3m by default, the red line) readiness fails "
+              "(alert ReconcileWatchSilent).",
+              [(f"max by (controller, resource) (reconcile_watchdog_watch_age_seconds{{{NS_CONTROLLER}}})",
+                "{{controller}} {{resource}}")],
+              unit="s",
+              fieldConfig={"defaults": {"unit": "s",
+                                        "custom": {"thresholdsStyle": {"mode": "line"}},
+                                        "thresholds": thresholds((None, "green"), (180, "red"))},
+                           "overrides": []}),
     ]
 
 
