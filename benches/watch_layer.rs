@@ -72,7 +72,9 @@ fn watch_layer(c: &mut Criterion) {
     let watch = "/api/v1/namespaces/default/configmaps?watch=true&allowWatchBookmarks=true";
 
     let mut group = c.benchmark_group("watch_layer");
-    let mut bare = ready(Server.call(request(watch))).expect("a response").into_body();
+    let mut bare = ready(Server.call(request(watch)))
+        .expect("a response")
+        .into_body();
     group.bench_function("frame/bare", |b| b.iter(|| black_box(frame(&mut bare))));
     let mut dated = ready(layered.call(request(watch)))
         .expect("a response")
@@ -89,7 +91,12 @@ fn watch_layer(c: &mut Criterion) {
         b.iter(|| black_box(ready(Server.call(request(object)))))
     });
     group.finish();
-    assert!(watches.ages(std::time::Instant::now()).iter().all(|w| w.age.as_secs() < 60));
+    assert!(
+        watches
+            .ages(std::time::Instant::now())
+            .iter()
+            .all(|w| w.age.as_secs() < 60)
+    );
 }
 
 criterion_group!(benches, watch_layer);
