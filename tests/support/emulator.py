@@ -264,28 +264,53 @@ class Emulator(kmock.KubernetesEmulator):
             await self._watches_held.wait()
 
     async def _serve_watch(self, request: kmock.Request):
-        """kmock's watch stream, with a BOOKMARK whenever it has been quiet for
-        bookmark_every seconds, and nothing at all while watches are held."""
+        """A watch as kmock serves it (every existing object ADDED, then every change),
+        with a BOOKMARK whenever it has been quiet for bookmark_every seconds, and nothing
+        at all while watches are held.
+
+        Unlike kmock 0.8, it subscribes to the changes *before* listing the objects, so
+        that an object created between the two is not lost (it may come twice, as a real
+        watch may deliver it; kube's watcher applies both)."""
         await self._watches_released()
-        upstream = super()._serve_watch(request).__aiter__()
-        bookmark = self._bookmark(request.resource)
-        pending = asyncio.ensure_future(upstream.__anext__())
+        yield b''  # the response head (kmock sends it with the first chunk)
+        resource = request.resource
+        bus = self._buses[resource]
+        marker = await bus.mark()
         try:
-            while True:
-                done, _ = await asyncio.wait({pending}, timeout=self.bookmark_every)
+            async with self._lock:
+                # kmock's own (name-mangled) helpers: the objects this request selects.
+                objs = self._KubernetesEmulator__get_objs(request, strict=False)
+                events = [{'type': 'ADDED', 'object': obj.raw} for obj in objs if not obj.deleted]
+            for event in events:
                 await self._watches_released()
-                if pending in done:
+                yield event
+            changes = bus.stream(since=marker).__aiter__()
+            bookmark = self._bookmark(resource)
+            pending = asyncio.ensure_future(changes.__anext__())
+            try:
+                while True:
+                    done, _ = await asyncio.wait({pending}, timeout=self.bookmark_every)
+                    await self._watches_released()
+                    if pending not in done:
+                        bookmark['object']['metadata']['resourceVersion'] = str(self._revision)
+                        yield bookmark
+                        continue
                     try:
                         event = pending.result()
                     except StopAsyncIteration:
                         return
-                    yield event
-                    pending = asyncio.ensure_future(upstream.__anext__())
-                else:
-                    bookmark['object']['metadata']['resourceVersion'] = str(self._revision)
-                    yield bookmark
+                    pending = asyncio.ensure_future(changes.__anext__())
+                    meta = event.get('object', {}).get('metadata', {})
+                    if self._KubernetesEmulator__check(request, resource, meta.get('namespace'),
+                                                       meta.get('name'), strict=False):
+                        yield event
+            finally:
+                pending.cancel()
         finally:
-            pending.cancel()
+            try:
+                await bus.unmark(marker)
+            except Exception:  # the loop may be closing: nothing left to unmark from
+                pass
 
     @staticmethod
     def _bookmark(resource) -> dict:
