@@ -7,7 +7,7 @@
 //! as one WARN naming the controller, the object, the duration and the deadline, at most
 //! once per controller per [`NEAR_MISS_LOG_PERIOD`] (the next WARN counts those not
 //! logged). [`Advisor::report`] turns the sketches into the JSON of `/debug/deadlines`,
-//! with a suggested deadline per controller ([`suggest`]). Reconciles the monitor
+//! with a suggested deadline per controller ([`suggest`](fn@suggest)). Reconciles the monitor
 //! reported hung are counted as hangs and left out of the durations.
 //!
 //! ```

@@ -115,7 +115,7 @@ fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
 
 /// Writes one verdict event to the log. `now` is the scan's clock; `runtime` is a
 /// sample of the runtime's metrics, used by the stall report; `threads` are the stuck
-/// threads the event is about, inspected (see [`Inspector`](super::inspect::Inspector)).
+/// threads the event is about, inspected (by the monitor's inspector).
 pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads: &[StuckThread]) {
     let (kernel_state, stack) = thread_fields(threads);
     macro_rules! reconcile_event {

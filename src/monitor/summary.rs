@@ -81,7 +81,7 @@ fn count_rest<G: fmt::Display>(rest: usize, counts: &BTreeMap<G, usize>) -> Stri
     )
 }
 
-/// `G1 n1, G2 n2, …`: counts per group, the largest first, naming at most [`GROUPS`]
+/// `G1 n1, G2 n2, …`: counts per group, the largest first, naming at most `GROUPS`
 /// groups and counting the others together.
 pub fn count_groups<G: fmt::Display>(groups: impl IntoIterator<Item = (G, usize)>) -> String {
     let mut groups: Vec<(G, usize)> = groups.into_iter().collect();

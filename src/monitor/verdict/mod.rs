@@ -10,7 +10,7 @@
 //! Mass failure is the normal case here, not an edge: an API outage hangs every
 //! reconcile at once. So every step is linear in the reconciles in flight, the
 //! liveness reason names the oldest few and counts the rest, and per-reconcile log
-//! lines spend a budget ([`budget`]); what is over it is counted into one summary.
+//! lines spend a budget (`budget.rs`); what is over it is counted into one summary.
 
 mod budget;
 

@@ -1,0 +1,188 @@
+//! [`Controllers`]: kube-runtime controllers run under the guard, with the
+//! `informer-sync` latch, their output streams consumed, and a drain on shutdown.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use ::kube::Resource;
+use ::kube::runtime::Controller;
+use ::kube::runtime::controller::Action;
+use futures::future::{self, BoxFuture};
+use futures::{FutureExt, StreamExt};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::leader::Leadership;
+use super::log;
+use super::reconciler::guarded;
+use crate::guard::{self, Registry};
+use crate::health::{Health, Latch};
+use crate::watchdog::Watchdog;
+
+/// The name of the readiness check that waits for every controller's store.
+pub const INFORMER_SYNC: &str = "informer-sync";
+
+/// The controllers of one process, run under the watchdog.
+#[must_use = "controllers do nothing until `run` is awaited"]
+pub struct Controllers {
+    registry: Registry,
+    latch: Arc<Latch>,
+    shutdown: CancellationToken,
+    leadership: Option<Leadership>,
+    names: Vec<String>,
+    runs: Vec<BoxFuture<'static, ()>>,
+    synced: Vec<BoxFuture<'static, bool>>,
+}
+
+impl Debug for Controllers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controllers")
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controllers {
+    /// Controllers guarded by `watchdog`'s registry, with an `informer-sync` latch in
+    /// its readiness set; they stop taking new work once `shutdown` is cancelled.
+    pub fn new(watchdog: &Watchdog, shutdown: CancellationToken) -> Self {
+        Self::with_parts(watchdog.registry().clone(), watchdog.health(), shutdown)
+    }
+
+    /// Like [`new`](Self::new), from a registry and health sets of your own.
+    pub fn with_parts(registry: Registry, health: &Health, shutdown: CancellationToken) -> Self {
+        Self {
+            registry,
+            latch: health
+                .readiness_latch(INFORMER_SYNC, "the controllers' stores have not synced yet"),
+            shutdown,
+            leadership: None,
+            names: Vec::new(),
+            runs: Vec::new(),
+            synced: Vec::new(),
+        }
+    }
+
+    /// Reconciles only while `leadership` holds the lease: a reconcile that starts after
+    /// the lease's renew deadline passed unrenewed (the leader lost it, or was frozen)
+    /// writes nothing and ends at once, while the election stops the controllers. Call
+    /// it before [`add`](Self::add).
+    pub fn only_while(mut self, leadership: Leadership) -> Self {
+        self.leadership = Some(leadership);
+        self
+    }
+
+    /// Adds `controller`, called `name` (the name deadlines and hang reports use), to
+    /// run `reconcile` under the guard and `error_policy` unchanged.
+    ///
+    /// A reconcile that panics or that the watchdog cancels resolves to
+    /// `E::from(guard::Error)`, so the error policy sees it like any other error.
+    /// (`P: Sync` because kube shares the error policy between the controller's tasks,
+    /// and the controllers run as one `Send` future; [`guarded`] alone asks neither.)
+    pub fn add<K, Ctx, R, Fut, E, P>(
+        self,
+        name: &str,
+        controller: Controller<K>,
+        reconcile: R,
+        error_policy: P,
+        context: Arc<Ctx>,
+    ) -> Self
+    where
+        K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + Hash + Clone + Debug + Unpin + Send + Sync,
+        Ctx: Send + Sync + 'static,
+        R: FnMut(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + From<guard::Error> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    {
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        self.add_with(name, &kind, controller, reconcile, error_policy, context)
+    }
+
+    /// Like [`add`](Self::add), for a resource whose kind is known at run time (a
+    /// `DynamicObject` with its `ApiResource`, say): `kind` is what reports and metrics
+    /// call it, for instance `api_resource.kind`.
+    pub fn add_with<K, Ctx, R, Fut, E, P>(
+        mut self,
+        name: &str,
+        kind: &str,
+        controller: Controller<K>,
+        mut reconcile: R,
+        error_policy: P,
+        context: Arc<Ctx>,
+    ) -> Self
+    where
+        K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Debug + Unpin + Send + Sync,
+        Ctx: Send + Sync + 'static,
+        R: FnMut(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + From<guard::Error> + Send + 'static,
+        P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
+    {
+        let kind = kind.to_owned();
+        let handle = self.registry.controller(name, &kind);
+        let store = controller.store();
+        let shutdown = self.shutdown.clone();
+        let leadership = self.leadership.clone();
+        // The lease gate runs inside the guard, so a reconcile refused for want of the
+        // lease is as visible as any other.
+        let gated = move |object: Arc<K>, context: Arc<Ctx>| {
+            let led = leadership.as_ref().is_none_or(Leadership::is_held);
+            let reconcile = reconcile(object, context);
+            async move {
+                if !led {
+                    tracing::debug!("not reconciling: the lease is no longer held");
+                    return Ok(Action::await_change());
+                }
+                reconcile.await
+            }
+        };
+        let guarded = guarded(handle, gated);
+        let stream = controller
+            .graceful_shutdown_on(shutdown.cancelled_owned())
+            .run(guarded, error_policy, context);
+        let name_owned = name.to_owned();
+        self.runs.push(
+            async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(item) = stream.next().await {
+                    log::outcome(&name_owned, &kind, item);
+                }
+                tracing::info!(controller = %name_owned, "controller stopped");
+            }
+            .boxed(),
+        );
+        self.synced
+            .push(async move { store.wait_until_ready().await.is_ok() }.boxed());
+        self.names.push(name.to_owned());
+        self
+    }
+
+    /// Runs every controller until the shutdown token is cancelled and their
+    /// in-flight reconciles have finished.
+    pub async fn run(self) {
+        let Self {
+            latch,
+            names,
+            runs,
+            synced,
+            ..
+        } = self;
+        let sync = async move {
+            let all = future::join_all(synced).await;
+            if !all.is_empty() && all.into_iter().all(|ready| ready) {
+                latch.release();
+                tracing::info!(controllers = %names.join(","), "every controller's store has synced; ready");
+            }
+        };
+        let runs = future::join_all(runs);
+        futures::pin_mut!(runs, sync);
+        if let future::Either::Right(((), runs)) = future::select(runs, sync).await {
+            runs.await;
+        }
+    }
+}
