@@ -173,9 +173,9 @@ impl Collector for WatchAges {
             MetricType::Gauge,
         )?;
         for watch in &ages {
-            for controller in watch.controllers.split(',') {
+            for controller in &watch.controllers {
                 let labels = [
-                    ("controller", controller),
+                    ("controller", controller.as_str()),
                     ("resource", watch.resource.as_str()),
                 ];
                 ConstGauge::new(watch.age.as_secs_f64()).encode(family.encode_family(&labels)?)?;
@@ -456,7 +456,7 @@ impl Metrics {
 
     /// Serves `reconcile_watchdog_watch_age_seconds` from `watches`, read at each scrape.
     /// Only the first call counts.
-    pub fn serve_watch_ages(&self, watches: crate::kube::watches::Watches) {
+    pub(crate) fn serve_watch_ages(&self, watches: crate::kube::watches::Watches) {
         let _ = self.watch_ages.0.set(watches);
     }
 
@@ -706,6 +706,30 @@ mod tests {
             text.contains("shop_operator_reconcile_watchdog_health_check_passing"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn each_controller_of_a_watched_resource_has_its_watch_age() {
+        let health = Arc::new(Health::new());
+        let metrics = Metrics::new(Arc::clone(&health));
+        let watches = crate::kube::watches::Watches::new(None, &health);
+        metrics.serve_watch_ages(watches.clone());
+        assert!(
+            !metrics.encode().contains("watch_age"),
+            "none before any watch"
+        );
+        watches.expect("configtemplates", "configmaps");
+        watches.expect("secrets", "configmaps");
+        let text = metrics.encode();
+        for controller in ["configtemplates", "secrets"] {
+            let series = format!(
+                "reconcile_watchdog_watch_age_seconds{{controller=\"{controller}\",resource=\"configmaps\"}} "
+            );
+            let age: f64 = line(&text, &series)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{series} in {text}"));
+            assert!(age < 60.0, "{text}");
+        }
     }
 
     #[test]

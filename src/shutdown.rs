@@ -109,15 +109,6 @@ pub struct Supervisor<T> {
     sender: mpsc::Sender<Event<T>>,
 }
 
-impl<T> std::fmt::Debug for Event<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Signal(signal) => write!(f, "Signal({signal:?})"),
-            Self::Stopped(_) => f.write_str("Stopped(..)"),
-        }
-    }
-}
-
 /// Tells the [`Supervisor`] that the operator stopped (drained after the shutdown
 /// token was cancelled, or ended on its own), with its result.
 #[derive(Debug)]
@@ -165,13 +156,13 @@ impl<T> Ending<T> {
     }
 }
 
-/// The error of [`Supervisor::listen`]: the signal handlers or their thread.
-pub type Error = std::io::Error;
-
 impl<T: Send + 'static> Supervisor<T> {
     /// Starts listening for SIGTERM and SIGINT at once (on a thread of its own), so
     /// that a signal that comes while the operator starts is not lost.
-    pub fn listen() -> Result<Self, Error> {
+    ///
+    /// # Errors
+    /// The signal handlers or their thread could not be set up.
+    pub fn listen() -> std::io::Result<Self> {
         let signals = listen()?;
         let (sender, events) = mpsc::channel();
         let forward = sender.clone();

@@ -294,21 +294,23 @@ pub enum StackCaptureAfter {
 }
 
 /// A humantime duration, or `off`.
-/// A duration greater than zero, or off.
-fn positive_duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
-    if s.trim() == "off" {
-        return Ok(StackCaptureAfter::Off);
-    }
-    positive_duration(s)
-        .map(StackCaptureAfter::After)
-        .map_err(|e| format!("{e}, or off"))
+fn duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
+    or_off(s, duration)
 }
 
-fn duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
+/// A duration greater than zero, or `off`.
+fn positive_duration_or_off(s: &str) -> Result<StackCaptureAfter, String> {
+    or_off(s, positive_duration)
+}
+
+fn or_off(
+    s: &str,
+    parse: fn(&str) -> Result<Duration, String>,
+) -> Result<StackCaptureAfter, String> {
     if s.trim() == "off" {
         return Ok(StackCaptureAfter::Off);
     }
-    duration(s)
+    parse(s)
         .map(StackCaptureAfter::After)
         .map_err(|e| format!("{e}, or off"))
 }

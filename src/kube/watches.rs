@@ -128,19 +128,24 @@ impl Watched {
         )
     }
 
-    fn controllers(&self) -> String {
-        self.controllers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .join(",")
+    fn seen(&self, now: Instant) -> WatchAge {
+        WatchAge {
+            controllers: self
+                .controllers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            resource: self.resource.clone(),
+            age: self.age(now),
+        }
     }
 }
 
 /// One watched resource at a moment: what the check, the reports and the metric show.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WatchAge {
-    /// The controllers that watch it, comma-separated.
-    pub controllers: String,
+    /// The controllers that watch it.
+    pub controllers: Vec<String>,
     /// The resource, `plural.group`.
     pub resource: String,
     /// How long since its last sign of life.
@@ -238,11 +243,7 @@ impl Watches {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|w| WatchAge {
-                controllers: w.controllers(),
-                resource: w.resource.clone(),
-                age: w.age(now),
-            })
+            .map(|w| w.seen(now))
             .collect()
     }
 
@@ -265,13 +266,13 @@ impl Watches {
             |w| {
                 format!(
                     "{}: watch of {} silent for {} (threshold {})",
-                    w.controllers,
+                    w.controllers.join(","),
                     w.resource,
                     fmt_duration(w.age),
                     fmt_duration(threshold)
                 )
             },
-            |w| w.controllers.clone(),
+            |w| w.controllers.join(","),
         ))
     }
 
@@ -281,15 +282,10 @@ impl Watches {
         let watched = self.inner.watched.read().unwrap_or_else(|p| p.into_inner());
         let mut changes = Vec::new();
         for w in watched.iter() {
-            let age = w.age(now);
-            let silent = age > threshold;
+            let silent = w.age(now) > threshold;
             if silent != w.reported.load(Ordering::Relaxed) {
                 w.reported.store(silent, Ordering::Relaxed);
-                let seen = WatchAge {
-                    controllers: w.controllers(),
-                    resource: w.resource.clone(),
-                    age,
-                };
+                let seen = w.seen(now);
                 changes.push(if silent {
                     Change::Silent(seen)
                 } else {
@@ -335,23 +331,27 @@ fn report_until_dropped(inner: &Weak<Inner>, threshold: Duration) {
         };
         for change in (Watches { inner }).changes_at(Instant::now(), threshold) {
             match change {
-                Change::Silent(w) => tracing::warn!(
-                    controller = %w.controllers,
-                    resource = %w.resource,
-                    silent_for = %fmt_duration(w.age),
-                    threshold = %fmt_duration(threshold),
-                    "watch silent: {} has had no event, bookmark or list of {} for {}; readiness fails (check {CHECK})",
-                    w.controllers,
-                    w.resource,
-                    fmt_duration(w.age),
-                ),
-                Change::Recovered(w) => tracing::info!(
-                    controller = %w.controllers,
-                    resource = %w.resource,
-                    "watch alive again: {} hears from {} again",
-                    w.controllers,
-                    w.resource,
-                ),
+                Change::Silent(w) => {
+                    let controllers = w.controllers.join(",");
+                    tracing::warn!(
+                        controller = %controllers,
+                        resource = %w.resource,
+                        silent_for = %fmt_duration(w.age),
+                        threshold = %fmt_duration(threshold),
+                        "watch silent: {controllers} has had no event, bookmark or list of {} for {}; readiness fails (check {CHECK})",
+                        w.resource,
+                        fmt_duration(w.age),
+                    );
+                }
+                Change::Recovered(w) => {
+                    let controllers = w.controllers.join(",");
+                    tracing::info!(
+                        controller = %controllers,
+                        resource = %w.resource,
+                        "watch alive again: {controllers} hears from {} again",
+                        w.resource,
+                    );
+                }
             }
         }
     }
@@ -556,7 +556,7 @@ mod tests {
         assert_eq!(
             changes,
             vec![Change::Silent(WatchAge {
-                controllers: "configtemplates".into(),
+                controllers: vec!["configtemplates".into()],
                 resource: "configtemplates.watchdog.example.com".into(),
                 age: 4 * SECOND,
             })]
@@ -581,7 +581,8 @@ mod tests {
         let ages = watches.ages(t0 + 6 * SECOND);
         assert!(
             ages.iter()
-                .any(|w| w.resource == "configmaps" && w.controllers == "configtemplates,secrets")
+                .any(|w| w.resource == "configmaps"
+                    && w.controllers == ["configtemplates", "secrets"])
         );
     }
 

@@ -27,7 +27,6 @@ struct State {
     silent: Option<(Instant, String)>,
     /// Outage time of outages that ended.
     silent_before: Duration,
-    checked: bool,
 }
 
 impl ApiServerStatus {
@@ -39,7 +38,6 @@ impl ApiServerStatus {
     /// the error otherwise.
     pub fn record(&self, answer: Result<(), String>, asked_at: Instant) {
         let mut state = self.lock();
-        state.checked = true;
         match answer {
             Ok(()) => {
                 if let Some((since, _)) = state.silent.take() {
@@ -95,7 +93,8 @@ impl ApiServerStatus {
     #[must_use]
     pub fn reachable(&self) -> Option<bool> {
         let state = self.lock();
-        state.checked.then_some(state.silent.is_none())
+        let checked = state.answered_at.is_some() || state.silent.is_some();
+        checked.then_some(state.silent.is_none())
     }
 
     /// The total time it has not answered, up to `now`.

@@ -421,6 +421,11 @@ impl Operator {
         self.get(path).map_or(0, |(status, _)| status)
     }
 
+    /// Whether a log event that `matches` accepts comes within `SETTLE`.
+    pub fn eventually_logged(&self, matches: impl Fn(&Value) -> bool) -> bool {
+        eventually(SETTLE, || !self.logged(&matches).is_empty())
+    }
+
     /// The JSON log events so far that `matches` accepts.
     pub fn logged(&self, matches: impl Fn(&Value) -> bool) -> Vec<Value> {
         self.process

@@ -251,9 +251,7 @@ fn emulator_api_outage_holds_liveness_and_fails_readiness() {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(
-        eventually(SETTLE, || !operator
-            .logged(|e| is(e, "ERROR", "the API server does not answer"))
-            .is_empty()),
+        operator.eventually_logged(|e| is(e, "ERROR", "the API server does not answer")),
         "the report never said the API server does not answer"
     );
     let held = operator.logged(|e| is(e, "ERROR", "reconcile hung:"));

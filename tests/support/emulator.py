@@ -69,6 +69,26 @@ RESOURCES = {
 REASONS = {404: 'NotFound', 409: 'AlreadyExists'}
 
 
+class Gate:
+    """Open, or closed: while closed, whoever passes waits until it opens again."""
+
+    def __init__(self) -> None:
+        self._closed: asyncio.Event | None = None
+
+    def close(self) -> None:
+        if self._closed is None:
+            self._closed = asyncio.Event()
+
+    def open(self) -> None:
+        if self._closed is not None:
+            self._closed.set()
+            self._closed = None
+
+    async def passed(self) -> None:
+        while self._closed is not None:
+            await self._closed.wait()
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     _revision: int = attrs.field(default=0, init=False)
@@ -76,14 +96,14 @@ class Emulator(kmock.KubernetesEmulator):
     _holes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
     # Name prefix -> the event its held requests wait on (hold-prefix).
     _held_prefixes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
-    # Set while the whole server is out: the event every request waits on.
-    _outage: asyncio.Event | None = attrs.field(default=None, init=False)
+    # Closed while the whole server is out: every request waits at it.
+    _outage: Gate = attrs.field(factory=Gate, init=False)
     # Leases: one writer at a time from the resourceVersion check to the store.
     _lease_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     # Seconds between two bookmarks on an open watch.
     bookmark_every: float = 1.0
-    # Set while watches are held: the event they wait on.
-    _watches_held: asyncio.Event | None = attrs.field(default=None, init=False)
+    # Closed while watches are held: every watch waits at it before it delivers.
+    _watches: Gate = attrs.field(factory=Gate, init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if not raw_request.path.startswith(CONTROL_PREFIX):
@@ -160,8 +180,7 @@ class Emulator(kmock.KubernetesEmulator):
 
     async def _wait_out_holds(self, path: str) -> None:
         """Holds a request while the server is out, or while its path names a held prefix."""
-        if self._outage is not None:
-            await self._outage.wait()
+        await self._outage.passed()
         for prefix, released in list(self._held_prefixes.items()):
             if any(segment.startswith(prefix) for segment in path.split('/')):
                 await released.wait()
@@ -173,19 +192,13 @@ class Emulator(kmock.KubernetesEmulator):
         elif verb == 'release-prefix':
             self._held_prefixes.pop(name, asyncio.Event()).set()
         elif verb == 'outage' and name == 'start':
-            if self._outage is None:
-                self._outage = asyncio.Event()
+            self._outage.close()
         elif verb == 'outage' and name == 'end':
-            if self._outage is not None:
-                self._outage.set()
-                self._outage = None
+            self._outage.open()
         elif verb == 'hold-watches' and name == 'all':
-            if self._watches_held is None:
-                self._watches_held = asyncio.Event()
+            self._watches.close()
         elif verb == 'release-watches' and name == 'all':
-            if self._watches_held is not None:
-                self._watches_held.set()
-                self._watches_held = None
+            self._watches.open()
         else:
             return None
         return aiohttp.web.Response(text=f'{verb} {name}\n')
@@ -259,10 +272,6 @@ class Emulator(kmock.KubernetesEmulator):
 
     # Watches ----------------------------------------------------------------------------
 
-    async def _watches_released(self) -> None:
-        while self._watches_held is not None:
-            await self._watches_held.wait()
-
     async def _serve_watch(self, request: kmock.Request):
         """A watch as kmock serves it (every existing object ADDED, then every change),
         with a BOOKMARK whenever it has been quiet for bookmark_every seconds, and nothing
@@ -271,7 +280,7 @@ class Emulator(kmock.KubernetesEmulator):
         Unlike kmock 0.8, it subscribes to the changes *before* listing the objects, so
         that an object created between the two is not lost (it may come twice, as a real
         watch may deliver it; kube's watcher applies both)."""
-        await self._watches_released()
+        await self._watches.passed()
         yield b''  # the response head (kmock sends it with the first chunk)
         resource = request.resource
         bus = self._buses[resource]
@@ -282,7 +291,7 @@ class Emulator(kmock.KubernetesEmulator):
                 objs = self._KubernetesEmulator__get_objs(request, strict=False)
                 events = [{'type': 'ADDED', 'object': obj.raw} for obj in objs if not obj.deleted]
             for event in events:
-                await self._watches_released()
+                await self._watches.passed()
                 yield event
             changes = bus.stream(since=marker).__aiter__()
             bookmark = self._bookmark(resource)
@@ -290,7 +299,7 @@ class Emulator(kmock.KubernetesEmulator):
             try:
                 while True:
                     done, _ = await asyncio.wait({pending}, timeout=self.bookmark_every)
-                    await self._watches_released()
+                    await self._watches.passed()
                     if pending not in done:
                         bookmark['object']['metadata']['resourceVersion'] = str(self._revision)
                         yield bookmark

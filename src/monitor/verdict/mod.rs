@@ -610,13 +610,14 @@ impl Verdict {
         // is as for any hang.
         if runtime_late && state == HangState::Awaiting && !self.tracked.contains_key(&reconcile.id)
         {
-            self.deferred.insert(reconcile.id);
-            decision.overdue.push(Overdue {
+            let fails_liveness = self.config.policy == HangPolicy::Restart;
+            self.defer(
                 reconcile,
-                state: HangState::Starved,
+                HangState::Starved,
                 elapsed,
-                fails_liveness: self.config.policy == HangPolicy::Restart,
-            });
+                fails_liveness,
+                decision,
+            );
             return;
         }
         // A new await overdue under `restart`, while the latest check that found the API
@@ -632,13 +633,7 @@ impl Verdict {
             let overdue_at = reconcile.started + reconcile.deadline;
             decision.ask_api_server = true;
             if asked_at < overdue_at && now < overdue_at + self.config.api_server_confirm_within {
-                self.deferred.insert(reconcile.id);
-                decision.overdue.push(Overdue {
-                    reconcile,
-                    state,
-                    elapsed,
-                    fails_liveness: false,
-                });
+                self.defer(reconcile, state, elapsed, false, decision);
                 return;
             }
         }
@@ -726,6 +721,25 @@ impl Verdict {
             state,
             elapsed,
             fails_liveness: action.fails_liveness(),
+        });
+    }
+
+    /// Leaves an overdue reconcile unjudged this scan: shown as overdue (failing liveness
+    /// or not), not reported; its end, if it ends first, is not reported either.
+    fn defer<'a>(
+        &mut self,
+        reconcile: &'a InFlight,
+        state: HangState,
+        elapsed: Duration,
+        fails_liveness: bool,
+        decision: &mut Decision<'a>,
+    ) {
+        self.deferred.insert(reconcile.id);
+        decision.overdue.push(Overdue {
+            reconcile,
+            state,
+            elapsed,
+            fails_liveness,
         });
     }
 
@@ -1579,17 +1593,26 @@ mod tests {
     #[test]
     fn a_new_await_is_judged_once_a_check_sent_after_its_deadline_tells() {
         let t0 = Instant::now();
-        let mut v = verdict(HangPolicy::Restart);
-        // The latest check answered a second after the start: before the deadline.
-        v.observe_api_server(ApiServer::Answers {
-            asked_at: t0 + SECOND,
-        });
+        // A verdict whose latest check answered a second after the start: before the
+        // deadline of 5 s.
+        let answered_early = || {
+            let mut v = verdict(HangPolicy::Restart);
+            v.observe_api_server(ApiServer::Answers {
+                asked_at: t0 + SECOND,
+            });
+            v
+        };
         let awaiting = reconcile(1, "web", "a", 5 * SECOND, t0);
         let stuck = in_poll(reconcile(2, "web", "b", 5 * SECOND, t0), t0);
         let both = [awaiting.clone(), stuck];
+        let step = |v: &mut Verdict, at: Instant| {
+            let d = v.step(std::slice::from_ref(&awaiting), vec![], None, at);
+            (d.reconcilers_failure, d.events, d.mark_hung)
+        };
 
         // Overdue: the await waits for a newer check (asked for), liveness holds for it
         // and nothing is reported of it yet; the hang inside a poll is judged at once.
+        let mut v = answered_early();
         let d = v.step(&both, vec![], None, t0 + 6 * SECOND);
         assert!(d.ask_api_server);
         let failure = d
@@ -1604,70 +1627,40 @@ mod tests {
             since: t0 + 6 * SECOND,
             why: "no answer within 2s".into(),
         });
-        let d = v.step(
-            std::slice::from_ref(&awaiting),
-            vec![],
-            None,
-            t0 + 7 * SECOND,
-        );
-        assert!(d.reconcilers_failure.is_none());
+        let (failure, events, _) = step(&mut v, t0 + 7 * SECOND);
+        assert!(failure.is_none());
         assert!(
-            d.events.iter().any(|e| matches!(
+            events.iter().any(|e| matches!(
                 e,
                 Event::Hung {
                     action: Action::HeldForApiServer,
                     ..
                 }
             )),
-            "{:?}",
-            d.events
+            "{events:?}"
         );
 
         // Another await: this time the check after its deadline answered.
-        let mut v = verdict(HangPolicy::Restart);
-        v.observe_api_server(ApiServer::Answers {
-            asked_at: t0 + SECOND,
-        });
-        let d = v.step(
-            std::slice::from_ref(&awaiting),
-            vec![],
-            None,
-            t0 + 6 * SECOND,
-        );
-        assert!(d.reconcilers_failure.is_none() && d.events.is_empty());
+        let mut v = answered_early();
+        let (failure, events, _) = step(&mut v, t0 + 6 * SECOND);
+        assert!(failure.is_none() && events.is_empty());
         v.observe_api_server(ApiServer::Answers {
             asked_at: t0 + 6 * SECOND,
         });
-        let d = v.step(
-            std::slice::from_ref(&awaiting),
-            vec![],
-            None,
-            t0 + 7 * SECOND,
-        );
-        assert!(d.reconcilers_failure.unwrap().contains("ns/a"));
-        assert_eq!(d.mark_hung, vec![1]);
+        let (failure, _, found) = step(&mut v, t0 + 7 * SECOND);
+        assert!(failure.unwrap().contains("ns/a"));
+        assert_eq!(found, vec![1]);
 
         // No newer check within `api_server_confirm_within`: judged all the same.
-        let mut v = verdict(HangPolicy::Restart);
-        v.observe_api_server(ApiServer::Answers {
-            asked_at: t0 + SECOND,
-        });
+        let mut v = answered_early();
         let late = t0 + 5 * SECOND + v.config().api_server_confirm_within;
-        let d = v.step(std::slice::from_ref(&awaiting), vec![], None, late);
-        assert!(d.reconcilers_failure.unwrap().contains("ns/a"));
+        let (failure, _, _) = step(&mut v, late);
+        assert!(failure.unwrap().contains("ns/a"));
 
         // One that ends while it waits was never reported hung: its end is not either.
-        let mut v = verdict(HangPolicy::Restart);
-        v.observe_api_server(ApiServer::Answers {
-            asked_at: t0 + SECOND,
-        });
-        let d = v.step(
-            std::slice::from_ref(&awaiting),
-            vec![],
-            None,
-            t0 + 6 * SECOND,
-        );
-        assert!(d.events.is_empty());
+        let mut v = answered_early();
+        let (_, events, _) = step(&mut v, t0 + 6 * SECOND);
+        assert!(events.is_empty());
         let end = Ended {
             reconcile: awaiting.clone(),
             elapsed: 7 * SECOND,
