@@ -10,6 +10,7 @@ use std::task::{Context, Poll, Waker};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http_body::{Body, Frame};
 use reconcile_watchdog::Watchdog;
+use reconcile_watchdog::kube::watches::{DEFAULT_STALL_THRESHOLD, Watches};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -65,8 +66,11 @@ fn request(path: &str) -> http::Request<()> {
 }
 
 fn watch_layer(c: &mut Criterion) {
-    let watchdog = Watchdog::builder().start().expect("a watchdog");
-    let watches = watchdog.watches();
+    let watches = Watches::new(Some(DEFAULT_STALL_THRESHOLD));
+    let _watchdog = Watchdog::builder()
+        .watches(watches.clone())
+        .start()
+        .expect("a watchdog");
     watches.expect("configmaps", "configmaps");
     let mut layered = watches.layer().layer(Server);
     let watch = "/api/v1/namespaces/default/configmaps?watch=true&allowWatchBookmarks=true";

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use rand::Rng;
 
-use crate::guard::{ControllerHandle, ObjectKey};
-use crate::{Builder, watchdog};
+use reconcile_watchdog::guard::{ControllerHandle, ObjectKey};
+use reconcile_watchdog::{Builder, watchdog};
 
 /// Errors of the demo.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! The `reconcile-watchdog` binary: see `reconcile-watchdog --help`.
 
 fn main() -> std::process::ExitCode {
-    reconcile_watchdog::cli::main()
+    reconcile_watchdog_operator::cli::main()
 }

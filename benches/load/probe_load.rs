@@ -4,10 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use http::Response;
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::ObjectKey;
 use reconcile_watchdog::probes::HttpServer;
-use warp::http::Response;
 
 use crate::http::{Samples, constant_rate};
 

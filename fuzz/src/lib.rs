@@ -11,12 +11,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use http::{Method, StatusCode, header};
 use reconcile_watchdog::deadlines::Advisor;
 use reconcile_watchdog::guard::{ObjectKey, Registry};
 use reconcile_watchdog::health::{FnCheck, Health};
-use reconcile_watchdog::operator::fault::Fault;
 use reconcile_watchdog::probes::{DebugViews, Probes, Request};
-use warp::http::{Method, StatusCode, header};
+use reconcile_watchdog_operator::operator::fault::Fault;
 
 /// The failure reason of the fixture's failing check; strangers must never read it.
 const SECRET: &str = "secret-namespace/secret-object";
@@ -159,7 +159,7 @@ pub fn flag_values(data: &[u8]) {
     let mut arg = OsString::from(format!("{flag}="));
     arg.push(OsStr::from_bytes(value));
     let args = [OsString::from("reconcile-watchdog"), "demo".into(), arg];
-    let Err(error) = reconcile_watchdog::cli::parse_from(args) else {
+    let Err(error) = reconcile_watchdog_operator::cli::parse_from(args) else {
         return;
     };
     assert_eq!(error.exit_code(), 2, "{error}");

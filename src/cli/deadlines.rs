@@ -9,11 +9,11 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use warp::http::Uri;
+use http::Uri;
 
 use super::flags;
-use crate::deadlines::Report;
-use crate::deadlines::view::cell;
+use reconcile_watchdog::deadlines::Report;
+use reconcile_watchdog::deadlines::view::cell;
 
 /// Errors of `deadlines`.
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +159,7 @@ pub fn main(args: &DeadlinesArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("error: {}", crate::kube::error_chain(&error));
+            eprintln!("error: {}", reconcile_watchdog::kube::error_chain(&error));
             ExitCode::FAILURE
         }
     }
@@ -293,8 +293,8 @@ pub fn render(report: &Report, url: &str) -> String {
                 c.controller.clone(),
                 c.deadline.clone(),
                 match c.deadline_source {
-                    crate::deadlines::DeadlineSource::Default => "default".into(),
-                    crate::deadlines::DeadlineSource::Flag => "flag".into(),
+                    reconcile_watchdog::deadlines::DeadlineSource::Default => "default".into(),
+                    reconcile_watchdog::deadlines::DeadlineSource::Flag => "flag".into(),
                 },
                 c.reconciles.to_string(),
                 cell(c.p50_seconds),
@@ -366,7 +366,7 @@ pub fn render(report: &Report, url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadlines::{ControllerReport, DeadlineSource};
+    use reconcile_watchdog::deadlines::{ControllerReport, DeadlineSource};
 
     #[test]
     fn urls() {

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::guard::Deadlines;
-use crate::monitor::HangPolicy;
-use crate::probes::parse_bind_address;
+use reconcile_watchdog::guard::Deadlines;
+use reconcile_watchdog::monitor::HangPolicy;
+use reconcile_watchdog::probes::parse_bind_address;
 
 /// The watchdog's flags. Durations are humantime (`90s`, `5m`, `1h30m`); each flag is
 /// also read from the environment variable named beside it in `--help`.
@@ -118,7 +118,7 @@ impl Defaults {
 impl WatchdogArgs {
     /// The watchdog builder these flags describe.
     #[must_use]
-    pub fn builder(&self, defaults: Defaults) -> crate::Builder {
+    pub fn builder(&self, defaults: Defaults) -> reconcile_watchdog::Builder {
         let deadline = self
             .reconcile_deadline
             .unwrap_or(defaults.reconcile_deadline);
@@ -128,7 +128,7 @@ impl WatchdogArgs {
             .fold(Deadlines::new(deadline), |d, (name, dur)| {
                 d.with(name.clone(), *dur)
             });
-        crate::Watchdog::builder()
+        reconcile_watchdog::Watchdog::builder()
             .deadlines(deadlines)
             .interval(self.watchdog_interval.unwrap_or(defaults.watchdog_interval))
             .on_hang(self.on_hang.into())
@@ -146,15 +146,26 @@ impl WatchdogArgs {
                 StackCaptureAfter::Off => None,
             })
             .report_budget(self.hang_report_burst, self.hang_reports_per_minute)
-            .api_server_check_interval(match self.api_server_check_interval {
-                StackCaptureAfter::After(every) => Some(every),
-                StackCaptureAfter::Off => None,
-            })
-            .watch_stall_threshold(match self.watch_stall_threshold {
-                StackCaptureAfter::After(threshold) => Some(threshold),
-                StackCaptureAfter::Off => None,
-            })
             .near_miss_threshold(self.near_miss_threshold.share())
+    }
+
+    /// `--api-server-check-interval`: how often to ask whether the API server answers
+    /// (`None`: never).
+    #[must_use]
+    pub fn api_server_check(&self) -> Option<Duration> {
+        match self.api_server_check_interval {
+            StackCaptureAfter::After(every) => Some(every),
+            StackCaptureAfter::Off => None,
+        }
+    }
+
+    /// `--watch-stall-threshold` (`None`: off).
+    #[must_use]
+    pub fn watch_stall(&self) -> Option<Duration> {
+        match self.watch_stall_threshold {
+            StackCaptureAfter::After(threshold) => Some(threshold),
+            StackCaptureAfter::Off => None,
+        }
     }
 
     /// Refuses flags that cannot work together, naming both (exit status 2 from the
@@ -167,14 +178,14 @@ impl WatchdogArgs {
         let threshold = self
             .runtime_stall_threshold
             .unwrap_or(defaults.runtime_stall_threshold);
-        let period = crate::watchdog::heartbeat_period(interval);
-        if period < crate::watchdog::MIN_HEARTBEAT_PERIOD {
+        let period = reconcile_watchdog::watchdog::heartbeat_period(interval);
+        if period < reconcile_watchdog::watchdog::MIN_HEARTBEAT_PERIOD {
             return Err(format!(
                 "--watchdog-interval {} is too short: the runtime's heartbeat beats every half interval, and {} is below the runtime timer's resolution of {}; use at least {}",
                 fmt(interval),
                 fmt(period),
-                fmt(crate::watchdog::MIN_HEARTBEAT_PERIOD),
-                fmt(crate::watchdog::MIN_HEARTBEAT_PERIOD * 2)
+                fmt(reconcile_watchdog::watchdog::MIN_HEARTBEAT_PERIOD),
+                fmt(reconcile_watchdog::watchdog::MIN_HEARTBEAT_PERIOD * 2)
             ));
         }
         if threshold <= period {

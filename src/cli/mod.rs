@@ -42,6 +42,7 @@ pub enum Command {
 /// `demo`'s flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
+    #[allow(missing_docs)] // flattened: each flag has its own doc
     #[command(flatten)]
     pub watchdog: WatchdogArgs,
 
@@ -100,7 +101,7 @@ pub fn main() -> ExitCode {
                 objects: args.objects,
                 near_miss_every: args.near_miss_every,
             };
-            let signals = match crate::shutdown::listen() {
+            let signals = match reconcile_watchdog::shutdown::listen() {
                 Ok(signals) => signals,
                 Err(error) => return report(Err(error)),
             };
@@ -160,7 +161,7 @@ fn report<E: std::error::Error + 'static>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", crate::kube::error_chain(&error));
+            eprintln!("error: {}", reconcile_watchdog::kube::error_chain(&error));
             ExitCode::FAILURE
         }
     }

@@ -10,14 +10,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::flags::{Defaults, WatchdogArgs};
 use super::logging;
-use crate::kube::leader::{self, LeaderElection};
-use crate::kube::{Controllers, error_chain};
 use crate::operator::{self, Context};
-use crate::shutdown::{Ending, Supervisor};
+use reconcile_watchdog::kube::leader::{self, LeaderElection};
+use reconcile_watchdog::kube::watches::Watches;
+use reconcile_watchdog::kube::{ApiServerCheck, Controllers, error_chain};
+use reconcile_watchdog::shutdown::{Ending, Supervisor};
 
 /// `run`'s flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
+    #[allow(missing_docs)] // flattened: each flag has its own doc
     #[command(flatten)]
     pub watchdog: WatchdogArgs,
 
@@ -29,6 +31,7 @@ pub struct RunArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_NAMESPACE", value_name = "NAMESPACE")]
     pub namespace: Option<String>,
 
+    #[allow(missing_docs)] // flattened: each flag has its own doc
     #[command(flatten)]
     pub leader_election: LeaderElectArgs,
 }
@@ -141,7 +144,7 @@ pub enum Error {
     Signals(#[source] std::io::Error),
     /// The watchdog did not start.
     #[error(transparent)]
-    Watchdog(#[from] crate::watchdog::Error),
+    Watchdog(#[from] reconcile_watchdog::watchdog::Error),
     /// No cluster configuration was found.
     #[error("failed to configure the Kubernetes client (in-cluster, or KUBECONFIG)")]
     Client(#[source] kube::Error),
@@ -208,11 +211,19 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
-    let watchdog = args
+    // The kube integration plugs into the watchdog: the API server check and the
+    // watches' ages.
+    let api_server = args.watchdog.api_server_check().map(ApiServerCheck::every);
+    let watches = Watches::new(args.watchdog.watch_stall());
+    let mut builder = args
         .watchdog
         .builder(Defaults::RUN)
         .watch_runtime(runtime.handle().clone())
-        .start()?;
+        .watches(watches.clone());
+    if let Some(api_server) = &api_server {
+        builder = builder.api_server(api_server.clone());
+    }
+    let watchdog = builder.start()?;
     if let Some(addr) = watchdog.probe_address() {
         tracing::info!(%addr, "probe server listening");
     }
@@ -235,8 +246,6 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
     };
     let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
-    let api_server = std::sync::Arc::clone(watchdog.api_server());
-    let watches = watchdog.watches().clone();
     let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
         let started = async {
@@ -245,7 +254,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                 .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?;
             // Whether the API server answers at all: an outage fails readiness, not
             // liveness.
-            if let Err(error) = api_server.watch(config.clone()) {
+            if let Some(Err(error)) = api_server.map(|check| check.watch(config.clone())) {
                 tracing::error!(error = %error_chain(&error), "the API server check did not start");
             }
             // No read timeout (kube's default): the reference operator lets a request that

@@ -8,10 +8,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Client};
 
-use crate::guard;
-use crate::kube::Controllers;
 pub use crd::{ConfigTemplate, crd_yaml};
 pub use reconcile::{error_policy, reconcile};
+use reconcile_watchdog::guard;
+use reconcile_watchdog::kube::Controllers;
 
 /// The controller's name: in hang reports, probes and `--reconcile-deadline-for`.
 pub const CONTROLLER: &str = "configtemplates";
@@ -59,8 +59,8 @@ pub struct Context {
 
 /// Tells `watches` what the ConfigTemplate controller watches: its ConfigTemplates and
 /// the ConfigMaps it owns. Call it when the controller starts.
-pub fn expect_watches(watches: &crate::kube::watches::Watches) {
-    use crate::kube::watches::resource;
+pub fn expect_watches(watches: &reconcile_watchdog::kube::watches::Watches) {
+    use reconcile_watchdog::kube::watches::resource;
     watches.expect(CONTROLLER, &resource::<ConfigTemplate>(&()));
     watches.expect(CONTROLLER, &resource::<ConfigMap>(&()));
 }

@@ -13,8 +13,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, CustomResourceExt};
-use reconcile_watchdog::operator::ConfigTemplate;
-use reconcile_watchdog::operator::crd::ConfigTemplateSpec;
+use reconcile_watchdog_operator::operator::ConfigTemplate;
+use reconcile_watchdog_operator::operator::crd::ConfigTemplateSpec;
 use serde_json::Value;
 
 use crate::support::{self, Process};
@@ -282,7 +282,7 @@ impl Cluster {
         if let Some(fault) = fault {
             template.metadata.annotations = Some(
                 [(
-                    reconcile_watchdog::operator::fault::ANNOTATION.to_owned(),
+                    reconcile_watchdog_operator::operator::fault::ANNOTATION.to_owned(),
                     fault.to_owned(),
                 )]
                 .into(),

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use kube::api::{ListParams, PostParams};
-use reconcile_watchdog::operator::ConfigTemplate;
-use reconcile_watchdog::operator::crd::ConfigTemplateSpec;
+use reconcile_watchdog_operator::operator::ConfigTemplate;
+use reconcile_watchdog_operator::operator::crd::ConfigTemplateSpec;
 use serde_json::Value;
 
 use crate::harness::{Cluster, Operator, SETTLE, eventually, is};

@@ -11,9 +11,14 @@
 //! server answers.
 //!
 //! ```no_run
-//! # async fn example(watchdog: &reconcile_watchdog::Watchdog) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use reconcile_watchdog::{Watchdog, kube::ApiServerCheck};
+//!
+//! let api_server = ApiServerCheck::every(Duration::from_secs(5));
+//! let watchdog = Watchdog::builder().api_server(api_server.clone()).start()?;
 //! let config = kube::Config::infer().await?;
-//! watchdog.api_server().watch(config.clone())?;
+//! api_server.watch(config.clone())?;
 //! let client = kube::Client::try_from(config)?;
 //! # Ok(()) }
 //! ```
@@ -23,8 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::health::{FnCheck, Health};
-use crate::monitor::api_server::{self, ApiServerStatus};
+use crate::monitor::ApiServerStatus;
 use crate::monitor::verdict::fmt_duration;
 
 /// The path asked: answered by every API server, cheap, and not a watch.
@@ -41,13 +45,13 @@ pub enum Error {
     Spawn(#[source] std::io::Error),
 }
 
-/// The API server check of a [`Watchdog`](crate::Watchdog): idle until
+/// The API server check, plugged into a [`Watchdog`](crate::Watchdog) with
+/// [`Builder::api_server`](crate::Builder::api_server): idle until
 /// [`watch`](Self::watch) gives it the operator's `kube::Config`.
 #[derive(Debug)]
 pub struct ApiServerCheck {
     status: Arc<ApiServerStatus>,
-    interval: Option<Duration>,
-    health: Arc<Health>,
+    interval: Duration,
     running: Mutex<Option<Running>>,
 }
 
@@ -58,34 +62,22 @@ struct Running {
 }
 
 impl ApiServerCheck {
-    /// A check that, once watching, asks every `interval` (and when the monitor asks
-    /// sooner, at most every `interval / 5`); `None` never checks.
-    pub(crate) fn new(
-        status: Arc<ApiServerStatus>,
-        interval: Option<Duration>,
-        health: Arc<Health>,
-    ) -> Self {
-        Self {
-            status,
-            interval,
-            health,
-            running: Mutex::new(None),
-        }
-    }
-
-    /// What it found, as the monitor and the metrics read it.
+    /// A check that, once watching, asks every `interval` (5 seconds is a good value),
+    /// and when the monitor asks sooner, at most every `interval / 5`. A zero interval
+    /// is taken as one millisecond.
     #[must_use]
-    pub fn status(&self) -> &Arc<ApiServerStatus> {
-        &self.status
+    pub fn every(interval: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            status: Arc::default(),
+            interval: interval.max(Duration::from_millis(1)),
+            running: Mutex::new(None),
+        })
     }
 
-    /// Starts checking the API server of `config` (the operator's own), and adds the
-    /// `api-server` readiness check. Does nothing when the check is turned off or
-    /// already watching.
+    /// Starts checking the API server of `config` (the operator's own). Does nothing
+    /// when already watching.
     pub fn watch(&self, config: kube::Config) -> Result<(), Error> {
-        let Some(interval) = self.interval else {
-            return Ok(());
-        };
+        let interval = self.interval;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if running.is_some() {
             return Ok(());
@@ -98,14 +90,18 @@ impl ApiServerCheck {
                 .spawn(move || check_until_stopped(&config, &status, &stop, interval))
                 .map_err(Error::Spawn)?
         };
-        let status = Arc::clone(&self.status);
-        self.health
-            .readiness
-            .add(Arc::new(FnCheck::new(api_server::CHECK, move || {
-                status.check(Instant::now())
-            })));
         *running = Some(Running { stop, thread });
         Ok(())
+    }
+}
+
+impl crate::plug::ApiServerCheck for ApiServerCheck {
+    fn status(&self) -> Arc<ApiServerStatus> {
+        Arc::clone(&self.status)
+    }
+
+    fn answer_within(&self) -> Duration {
+        answer_within(self.interval)
     }
 }
 
@@ -173,7 +169,7 @@ fn min_gap(interval: Duration) -> Duration {
 
 /// How soon after the monitor asks, at the latest, a check of every `interval` has an
 /// answer (or has given up): its rate limit, then its timeout.
-pub(crate) fn answer_within(interval: Duration) -> Duration {
+fn answer_within(interval: Duration) -> Duration {
     min_gap(interval) + MAX_TIMEOUT.min(interval)
 }
 

@@ -398,7 +398,7 @@ impl Health {
     }
 
     /// A closed readiness latch called `name`, for releasing once. Several latches of
-    /// one name (two [`Controllers`](crate::kube::Controllers) on one health set) make
+    /// one name (two `kube::Controllers` on one health set) make
     /// one check, which passes once every one still held has been released.
     pub fn readiness_latch(&self, name: &str, waiting_for: &str) -> Arc<Latch> {
         let latch = Latch::new(name, waiting_for);

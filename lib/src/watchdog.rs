@@ -3,15 +3,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::deadlines::Advisor;
 use crate::guard::{Deadlines, Fanout, Registry};
-use crate::health::Health;
-use crate::kube::apiserver::ApiServerCheck;
-use crate::kube::watches::Watches;
+use crate::health::{FnCheck, Health};
+#[cfg(feature = "metrics")]
 use crate::metrics::Metrics;
-use crate::monitor::{self, ApiServerStatus, HangPolicy, Monitor, RuntimeHeartbeat};
+use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
+use crate::plug::{ApiServerCheck, WatchAges};
 use crate::probes::{self, DebugViews, HttpServer, Probes};
 
 /// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
@@ -35,6 +35,7 @@ pub enum Error {
     #[error("failed to start the probe server")]
     Probes(#[source] probes::Error),
     /// The metrics server did not start.
+    #[cfg(feature = "metrics")]
     #[error("failed to start the metrics server")]
     Metrics(#[source] probes::Error),
     /// The debug server did not start.
@@ -48,12 +49,14 @@ pub struct Builder {
     deadlines: Deadlines,
     monitor: monitor::Config,
     probe_address: Option<SocketAddr>,
+    #[cfg(feature = "metrics")]
     metrics_address: Option<SocketAddr>,
+    #[cfg(feature = "metrics")]
     collect_metrics: bool,
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
-    api_server_check: Option<Duration>,
-    watch_stall_threshold: Option<Duration>,
+    api_server: Option<Arc<dyn ApiServerCheck>>,
+    watches: Option<Arc<dyn WatchAges>>,
     debug_address: Option<SocketAddr>,
     reasons_to_all_peers: bool,
     near_miss_share: Option<f64>,
@@ -106,6 +109,7 @@ impl Builder {
 
     /// Serves Prometheus `/metrics` on `addr`; `None` (the default) serves none, and
     /// collects no metrics unless [`collect_metrics`](Self::collect_metrics) asks.
+    #[cfg(feature = "metrics")]
     #[must_use]
     pub fn metrics_address(mut self, addr: impl Into<Option<SocketAddr>>) -> Self {
         self.metrics_address = addr.into();
@@ -125,6 +129,7 @@ impl Builder {
     /// assert!(text.contains("reconcile_watchdog_scan_duration_seconds_count"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[cfg(feature = "metrics")]
     #[must_use]
     pub fn collect_metrics(mut self) -> Self {
         self.collect_metrics = true;
@@ -172,20 +177,23 @@ impl Builder {
         self
     }
 
-    /// How often, once [`Watchdog::api_server`] watches a `kube::Config`, to ask
-    /// whether the API server answers at all (default 5 seconds; `None` never asks).
+    /// Plugs in a check of whether the API server answers at all (the kube
+    /// integration's `kube::ApiServerCheck`): while it finds the server silent, the
+    /// `api-server` readiness check fails and overdue awaits hold liveness instead of
+    /// failing it (an outage is not cured by a restart). Without one, every overdue
+    /// reconcile is judged alone.
     #[must_use]
-    pub fn api_server_check_interval(mut self, interval: Option<Duration>) -> Self {
-        self.api_server_check = interval;
+    pub fn api_server(mut self, check: Arc<dyn ApiServerCheck>) -> Self {
+        self.api_server = Some(check);
         self
     }
 
-    /// A watch silent for longer than `threshold` fails the `watches` readiness check
-    /// (default 3 minutes: a few bookmark periods; `None` turns the check off). See
-    /// [`Watchdog::watches`].
+    /// Plugs in the ages of the controllers' watches (the kube integration's
+    /// `kube::watches::Watches`): a silent one fails the `watches` readiness check, and
+    /// the metrics show each one's age.
     #[must_use]
-    pub fn watch_stall_threshold(mut self, threshold: Option<Duration>) -> Self {
-        self.watch_stall_threshold = threshold.filter(|t| !t.is_zero());
+    pub fn watches(mut self, watches: impl WatchAges) -> Self {
+        self.watches = Some(Arc::new(watches));
         self
     }
 
@@ -201,11 +209,24 @@ impl Builder {
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
-        let api_server = Arc::new(ApiServerStatus::default());
-        let metrics = (self.metrics_address.is_some() || self.collect_metrics)
-            .then(|| Metrics::with_api_server(Arc::clone(&health), Arc::clone(&api_server)));
+        let api_server = self.api_server.as_ref().map(|check| {
+            let status = check.status();
+            let check = Arc::clone(&status);
+            health.readiness.add(Arc::new(FnCheck::new(
+                monitor::api_server::CHECK,
+                move || check.check(Instant::now()),
+            )));
+            status
+        });
+        #[cfg(feature = "metrics")]
+        let metrics = (self.metrics_address.is_some() || self.collect_metrics).then(|| {
+            let status = api_server.clone().unwrap_or_default();
+            Metrics::with_api_server(Arc::clone(&health), status)
+        });
         let advisor = Advisor::new();
+        #[allow(unused_mut)]
         let mut observers = Fanout::new().with(advisor.clone());
+        #[cfg(feature = "metrics")]
         if let Some(metrics) = &metrics {
             observers = observers.with(metrics.clone());
         }
@@ -217,13 +238,16 @@ impl Builder {
                 heartbeat_period(self.monitor.interval).max(MIN_HEARTBEAT_PERIOD),
             )
         });
+        #[cfg(feature = "metrics")]
         let scan_observer = metrics
             .clone()
             .map(|metrics| metrics as Arc<dyn monitor::Observer>);
+        #[cfg(not(feature = "metrics"))]
+        let scan_observer = None;
         let mut monitor_config = self.monitor;
-        if let Some(check) = self.api_server_check {
+        if let Some(check) = &self.api_server {
             monitor_config.api_server_confirm_within =
-                crate::kube::apiserver::answer_within(check) + 2 * monitor_config.interval;
+                check.answer_within() + 2 * monitor_config.interval;
         }
         let monitor = Monitor::spawn_watching_api_server(
             registry.clone(),
@@ -231,15 +255,10 @@ impl Builder {
             monitor_config,
             self.diagnostics,
             heartbeat,
-            self.api_server_check.map(|_| Arc::clone(&api_server)),
+            api_server,
             scan_observer,
         )
         .map_err(Error::Monitor)?;
-        let api_server = Arc::new(ApiServerCheck::new(
-            api_server,
-            self.api_server_check,
-            Arc::clone(&health),
-        ));
         let probes = self
             .probe_address
             .map(|addr| {
@@ -253,6 +272,7 @@ impl Builder {
             })
             .transpose()
             .map_err(Error::Probes)?;
+        #[cfg(feature = "metrics")]
         let metrics_server = match (&metrics, self.metrics_address) {
             (Some(metrics), Some(addr)) => {
                 let metrics = Arc::clone(metrics);
@@ -274,19 +294,24 @@ impl Builder {
             })
             .transpose()
             .map_err(Error::Debug)?;
-        let watches = Watches::new(self.watch_stall_threshold, &health);
-        if let Some(metrics) = &metrics {
-            metrics.serve_watch_ages(watches.clone());
+        if let Some(watches) = &self.watches {
+            watches.attach(&health);
+            #[cfg(feature = "metrics")]
+            if let Some(metrics) = &metrics {
+                metrics.serve_watch_ages(Arc::clone(watches));
+            }
         }
         Ok(Watchdog {
-            api_server,
-            watches,
+            _api_server: self.api_server,
+            _watches: self.watches,
             advisor,
             registry,
             health,
             monitor,
             probes,
+            #[cfg(feature = "metrics")]
             metrics,
+            #[cfg(feature = "metrics")]
             metrics_server,
             debug_server,
         })
@@ -296,14 +321,18 @@ impl Builder {
 /// A running watchdog. Dropping it stops the monitor and the probe server.
 #[derive(Debug)]
 pub struct Watchdog {
-    api_server: Arc<ApiServerCheck>,
-    watches: Watches,
+    /// What was plugged in lives as long as the watchdog: the API server check's thread
+    /// stops when its last owner drops it.
+    _api_server: Option<Arc<dyn ApiServerCheck>>,
+    _watches: Option<Arc<dyn WatchAges>>,
     advisor: Arc<Advisor>,
     registry: Registry,
     health: Arc<Health>,
     monitor: Monitor,
     probes: Option<HttpServer>,
+    #[cfg(feature = "metrics")]
     metrics: Option<Arc<Metrics>>,
+    #[cfg(feature = "metrics")]
     metrics_server: Option<HttpServer>,
     debug_server: Option<HttpServer>,
 }
@@ -316,32 +345,18 @@ impl Watchdog {
             deadlines: Deadlines::new(Duration::from_secs(300)),
             monitor: monitor::Config::default(),
             probe_address: None,
+            #[cfg(feature = "metrics")]
             metrics_address: None,
+            #[cfg(feature = "metrics")]
             collect_metrics: false,
             runtime: None,
             diagnostics: monitor::Diagnostics::default(),
-            api_server_check: Some(Duration::from_secs(5)),
-            watch_stall_threshold: Some(crate::kube::watches::DEFAULT_STALL_THRESHOLD),
+            api_server: None,
+            watches: None,
             debug_address: None,
             reasons_to_all_peers: false,
             near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
         }
-    }
-
-    /// The watches of the controllers: add [`Watches::layer`] to the `kube::Client` and
-    /// [`expect`](Watches::expect) each resource a controller watches, and a watch
-    /// silent past the stall threshold fails the `watches` readiness check.
-    #[must_use]
-    pub fn watches(&self) -> &Watches {
-        &self.watches
-    }
-
-    /// The API server check: give it the operator's `kube::Config`
-    /// (`watchdog.api_server().watch(config)`) so that an API outage fails readiness,
-    /// not liveness.
-    #[must_use]
-    pub fn api_server(&self) -> &Arc<ApiServerCheck> {
-        &self.api_server
     }
 
     /// The registry to guard reconciles with.
@@ -376,12 +391,14 @@ impl Watchdog {
 
     /// The metrics, when a metrics address was given or
     /// [`collect_metrics`](Builder::collect_metrics) asked for them.
+    #[cfg(feature = "metrics")]
     #[must_use]
     pub fn metrics(&self) -> Option<&Arc<Metrics>> {
         self.metrics.as_ref()
     }
 
     /// Where `/metrics` is served, if it is.
+    #[cfg(feature = "metrics")]
     #[must_use]
     pub fn metrics_address(&self) -> Option<SocketAddr> {
         self.metrics_server.as_ref().map(HttpServer::local_addr)

@@ -26,6 +26,7 @@ mod log;
 mod reconciler;
 pub mod watches;
 
+pub use apiserver::ApiServerCheck;
 pub use controllers::{Controllers, INFORMER_SYNC};
 pub use log::error_chain;
 pub use reconciler::{GuardedReconcile, guarded, object_key};

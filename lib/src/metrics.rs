@@ -155,7 +155,7 @@ impl Collector for LeaseAgeCollector {
 /// `reconcile_watchdog_watch_age_seconds{controller,resource}`, read at scrape time from
 /// the watches (one series per controller of a watched resource).
 #[derive(Clone, Debug, Default)]
-struct WatchAges(Arc<OnceLock<crate::kube::watches::Watches>>);
+struct WatchAges(Arc<OnceLock<Arc<dyn crate::plug::WatchAges>>>);
 
 impl Collector for WatchAges {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
@@ -456,7 +456,7 @@ impl Metrics {
 
     /// Serves `reconcile_watchdog_watch_age_seconds` from `watches`, read at each scrape.
     /// Only the first call counts.
-    pub(crate) fn serve_watch_ages(&self, watches: crate::kube::watches::Watches) {
+    pub(crate) fn serve_watch_ages(&self, watches: Arc<dyn crate::plug::WatchAges>) {
         let _ = self.watch_ages.0.set(watches);
     }
 
@@ -710,16 +710,32 @@ mod tests {
 
     #[test]
     fn each_controller_of_a_watched_resource_has_its_watch_age() {
-        let health = Arc::new(Health::new());
-        let metrics = Metrics::new(Arc::clone(&health));
-        let watches = crate::kube::watches::Watches::new(None, &health);
-        metrics.serve_watch_ages(watches.clone());
+        /// Watches that a test fills by hand.
+        #[derive(Debug, Default)]
+        struct Fixed(std::sync::Mutex<Vec<crate::plug::WatchAge>>);
+        impl crate::plug::WatchAges for Fixed {
+            fn attach(&self, _: &Arc<Health>) {}
+            fn ages(&self, _: std::time::Instant) -> Vec<crate::plug::WatchAge> {
+                self.0.lock().expect("not poisoned").clone()
+            }
+        }
+
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        let watches = Arc::new(Fixed::default());
+        metrics.serve_watch_ages(Arc::clone(&watches) as Arc<dyn crate::plug::WatchAges>);
         assert!(
             !metrics.encode().contains("watch_age"),
             "none before any watch"
         );
-        watches.expect("configtemplates", "configmaps");
-        watches.expect("secrets", "configmaps");
+        watches
+            .0
+            .lock()
+            .expect("not poisoned")
+            .push(crate::plug::WatchAge {
+                controllers: vec!["configtemplates".into(), "secrets".into()],
+                resource: "configmaps".into(),
+                age: Duration::from_secs(7),
+            });
         let text = metrics.encode();
         for controller in ["configtemplates", "secrets"] {
             let series = format!(
@@ -728,7 +744,7 @@ mod tests {
             let age: f64 = line(&text, &series)
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("{series} in {text}"));
-            assert!(age < 60.0, "{text}");
+            assert!((age - 7.0).abs() < 1e-9, "{text}");
         }
     }
 

@@ -12,16 +12,18 @@
 //! parsing the path of a GET (`docs/performance.md`).
 //!
 //! ```no_run
-//! # async fn example(watchdog: &reconcile_watchdog::Watchdog) -> Result<(), Box<dyn std::error::Error>> {
-//! use reconcile_watchdog::kube::watches;
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use reconcile_watchdog::{Watchdog, kube::watches::{self, Watches}};
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //!
+//! let watches = Watches::new(Some(watches::DEFAULT_STALL_THRESHOLD));
+//! let watchdog = Watchdog::builder().watches(watches.clone()).start()?;
 //! let config = kube::Config::infer().await?;
 //! let client = kube::client::ClientBuilder::try_from(config)?
-//!     .with_layer(&watchdog.watches().layer())
+//!     .with_layer(&watches.layer())
 //!     .build();
 //! // Each resource a controller watches, named as the API path names it.
-//! watchdog.watches().expect("configmaps", &watches::resource::<ConfigMap>(&()));
+//! watches.expect("configmaps", &watches::resource::<ConfigMap>(&()));
 //! # let _ = client; Ok(()) }
 //! ```
 
@@ -38,6 +40,7 @@ use pin_project_lite::pin_project;
 use crate::health::{FnCheck, Health};
 use crate::monitor::summary::{NAMED, name_few};
 use crate::monitor::verdict::fmt_duration;
+pub use crate::plug::WatchAge;
 
 /// The name of the readiness check that fails while a watch is silent.
 pub const CHECK: &str = "watches";
@@ -81,7 +84,8 @@ fn collection_of(path: &str) -> Option<(&str, &str)> {
 }
 
 /// The watches of a process: what each controller watches and when each resource last
-/// showed a sign of life. Cheap to clone; clones share one table.
+/// showed a sign of life. Plugged into a [`Watchdog`](crate::Watchdog) with
+/// [`Builder::watches`](crate::Builder::watches). Cheap to clone; clones share one table.
 #[derive(Clone, Debug)]
 pub struct Watches {
     inner: Arc<Inner>,
@@ -93,7 +97,8 @@ struct Inner {
     watched: RwLock<Vec<Arc<Watched>>>,
     /// `None`: no check, no reports (`--watch-stall-threshold off`).
     threshold: Option<Duration>,
-    health: Weak<Health>,
+    /// The health sets the check joins, given as the watchdog starts.
+    health: OnceLock<Weak<Health>>,
     /// Set once the readiness check and the reporter are installed (at the first
     /// expected watch, so a process without watches has no `watches` check).
     installed: OnceLock<()>,
@@ -141,17 +146,6 @@ impl Watched {
     }
 }
 
-/// One watched resource at a moment: what the check, the reports and the metric show.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchAge {
-    /// The controllers that watch it.
-    pub controllers: Vec<String>,
-    /// The resource, `plural.group`.
-    pub resource: String,
-    /// How long since its last sign of life.
-    pub age: Duration,
-}
-
 /// A change to report: a watch went silent (WARN) or showed life again (INFO).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Change {
@@ -160,15 +154,17 @@ pub(crate) enum Change {
 }
 
 impl Watches {
-    /// Watches checked against `threshold` (None: never), whose check joins `health`'s
-    /// readiness at the first expected watch.
-    pub(crate) fn new(threshold: Option<Duration>, health: &Arc<Health>) -> Self {
+    /// Watches checked against `threshold` ([`DEFAULT_STALL_THRESHOLD`] is a good
+    /// value; `None` or zero: never), whose check joins the watchdog's readiness at the
+    /// first expected watch.
+    #[must_use]
+    pub fn new(threshold: Option<Duration>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 epoch: Instant::now(),
                 watched: RwLock::new(Vec::new()),
-                threshold,
-                health: Arc::downgrade(health),
+                threshold: threshold.filter(|t| !t.is_zero()),
+                health: OnceLock::new(),
                 installed: OnceLock::new(),
             }),
         }
@@ -238,6 +234,10 @@ impl Watches {
     /// Every expected watch and its age at `now`.
     #[must_use]
     pub fn ages(&self, now: Instant) -> Vec<WatchAge> {
+        self.ages_at(now)
+    }
+
+    fn ages_at(&self, now: Instant) -> Vec<WatchAge> {
         self.inner
             .watched
             .read()
@@ -296,13 +296,26 @@ impl Watches {
         changes
     }
 
-    /// Adds the readiness check and starts the reporter, once, if a threshold is set.
+    /// Adds the readiness check and starts the reporter, once, if a threshold is set,
+    /// a watch is expected and the watchdog has started.
     fn install(&self) {
         let Some(threshold) = self.inner.threshold else {
             return;
         };
+        let Some(health) = self.inner.health.get() else {
+            return;
+        };
+        if self
+            .inner
+            .watched
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
+            return;
+        }
         self.inner.installed.get_or_init(|| {
-            if let Some(health) = self.inner.health.upgrade() {
+            if let Some(health) = health.upgrade() {
                 let watches = self.clone();
                 health.readiness.add(Arc::new(FnCheck::new(CHECK, move || {
                     watches.check_at(Instant::now(), threshold)
@@ -317,6 +330,17 @@ impl Watches {
                 tracing::error!(%error, "the watch freshness reporter did not start; the watches check still runs");
             }
         });
+    }
+}
+
+impl crate::plug::WatchAges for Watches {
+    fn attach(&self, health: &Arc<Health>) {
+        let _ = self.inner.health.set(Arc::downgrade(health));
+        self.install();
+    }
+
+    fn ages(&self, now: Instant) -> Vec<WatchAge> {
+        self.ages_at(now)
     }
 }
 
@@ -479,7 +503,9 @@ mod tests {
 
     fn watches(threshold: Option<Duration>) -> (Watches, Arc<Health>) {
         let health = Arc::new(Health::new());
-        (Watches::new(threshold, &health), health)
+        let watches = Watches::new(threshold);
+        crate::plug::WatchAges::attach(&watches, &health);
+        (watches, health)
     }
 
     #[test]

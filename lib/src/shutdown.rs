@@ -57,7 +57,7 @@ pub enum Signal {
 
 /// Starts listening for SIGINT and SIGTERM on a thread of its own; every signal
 /// received is sent to the returned channel.
-pub(crate) fn listen() -> std::io::Result<mpsc::Receiver<Signal>> {
+pub fn listen() -> std::io::Result<mpsc::Receiver<Signal>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

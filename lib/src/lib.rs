@@ -1,0 +1,97 @@
+//! Truthful liveness and readiness probes for Kubernetes operators built on kube-rs.
+//!
+//! Every reconcile runs inside a timed [`Guard`](guard::Guard) recorded in a
+//! [`Registry`](guard::Registry). A [`Monitor`](monitor::Monitor) on its own OS thread
+//! scans the registry, writes a hang report when a guard outlives its deadline and
+//! publishes the verdict to the [`health`] checks, which the [`probes`] server answers
+//! the kubelet from. Neither the monitor nor the probe server depend on the async
+//! runtime that runs the reconciles, so they keep telling the truth when it is wedged.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reconcile_watchdog::guard::{ObjectKey, Registry};
+//!
+//! # async fn example() {
+//! let registry = Registry::new(Duration::from_secs(300));
+//! let configmaps = registry.controller("configmaps", "ConfigMap");
+//! let result = configmaps
+//!     .guard(ObjectKey::namespaced("default", "app-config"), async { Ok::<_, ()>(()) })
+//!     .await;
+//! assert!(matches!(result, Ok(Ok(()))));
+//! assert!(registry.is_empty());
+//! # }
+//! ```
+#![deny(unsafe_code)]
+#![warn(missing_docs, rust_2018_idioms, unreachable_pub, clippy::all)]
+
+pub mod deadlines;
+pub mod guard;
+pub mod health;
+#[cfg(feature = "kube")]
+pub mod kube;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+pub mod monitor;
+pub mod plug;
+pub mod probes;
+pub mod shutdown;
+pub mod stack;
+pub mod watchdog;
+
+pub use watchdog::{Builder, Watchdog};
+
+/// The README's examples compile and run as doc tests.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
+/// The examples of `docs/embedding.md` compile as doc tests.
+#[doc = include_str!("../../docs/embedding.md")]
+#[cfg(doctest)]
+pub struct EmbeddingDoctests;
+
+/// The monitor's internals, public for this crate's own tests and benchmarks (feature
+/// `internals`, which its dev-dependency on itself turns on): not API.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals {
+    use std::time::Instant;
+
+    use crate::guard::{ControllerCounts, Ended, InFlight, Registry};
+
+    /// What the monitor thread alone calls on the registry.
+    pub trait RegistryInternals {
+        /// See `Registry::take_ended`.
+        fn take_ended(&self) -> Vec<Ended>;
+        /// See `Registry::scan_into`.
+        fn scan_into(
+            &self,
+            now: Instant,
+            in_poll: bool,
+            out: &mut Vec<InFlight>,
+            counts: &mut ControllerCounts,
+        );
+        /// See `Registry::request_cancel`.
+        fn request_cancel(&self, id: u64) -> bool;
+    }
+
+    impl RegistryInternals for Registry {
+        fn take_ended(&self) -> Vec<Ended> {
+            Registry::take_ended(self)
+        }
+
+        fn scan_into(
+            &self,
+            now: Instant,
+            in_poll: bool,
+            out: &mut Vec<InFlight>,
+            counts: &mut ControllerCounts,
+        ) {
+            Registry::scan_into(self, now, in_poll, out, counts);
+        }
+
+        fn request_cancel(&self, id: u64) -> bool {
+            Registry::request_cancel(self, id)
+        }
+    }
+}
