@@ -15,7 +15,7 @@ fn guard_overhead(c: &mut Criterion) {
     for threads in [1, 2] {
         let mut group = c.benchmark_group(format!("guard_{threads}_thread"));
         for shape in Shape::ALL {
-            for variant in Variant::ALL {
+            for variant in Variant::ALL.into_iter().chain(Variant::PARTS_OFF) {
                 group.bench_with_input(
                     BenchmarkId::new(variant.name(), shape.name()),
                     &(variant, shape),

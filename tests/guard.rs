@@ -8,7 +8,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::FutureExt;
-use reconcile_watchdog::guard::{self, ObjectKey, Observer, Outcome, PollState, Registry};
+use reconcile_watchdog::guard::{
+    self, ControllerObserver, ObjectKey, Observer, Outcome, PollState, Registry,
+};
 use reconcile_watchdog::internals::RegistryInternals;
 
 /// Pending on the first poll (after waking itself), then `Ok` — a one-await reconcile.
@@ -30,8 +32,17 @@ impl Future for YieldOnce {
 #[derive(Default)]
 struct Counts([AtomicUsize; 5]);
 
-impl Observer for Counts {
-    fn finished(&self, _: &str, _: &str, outcome: Outcome, _: Duration) {
+/// Counts the ends of every controller.
+struct Counting(Arc<Counts>);
+
+impl Observer for Counting {
+    fn controller(&self, _: &str, _: &str) -> Option<Arc<dyn ControllerObserver>> {
+        Some(Arc::clone(&self.0) as Arc<dyn ControllerObserver>)
+    }
+}
+
+impl ControllerObserver for Counts {
+    fn finished(&self, outcome: Outcome, _: Duration) {
         let i = match outcome {
             Outcome::Ok => 0,
             Outcome::Error => 1,
@@ -69,7 +80,8 @@ async fn a_hundred_thousand_reconciles_leave_the_registry_empty() {
         }));
     }
     let counts = Arc::new(Counts::default());
-    let registry = Registry::with_observer(Duration::from_secs(60), counts.clone());
+    let registry =
+        Registry::with_observer(Duration::from_secs(60), Arc::new(Counting(counts.clone())));
     let web = registry.controller("web", "Widget");
     const N: usize = 100_000;
 

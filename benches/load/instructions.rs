@@ -1,5 +1,6 @@
 //! Instructions per reconcile for each variant, counted by callgrind: a ratio that does not depend on the machine's load.
 
+use std::path::Path;
 use std::process::Command;
 
 use crate::support::{FloorScan, InFlightSet, Ops, Shape, Variant};
@@ -27,10 +28,7 @@ pub fn count(args: &[String]) {
         }
         return;
     }
-    let variant = Variant::ALL
-        .into_iter()
-        .find(|v| v.name() == variant)
-        .expect("a variant name");
+    let variant = Variant::named(variant).expect("a variant name");
     let shape = Shape::ALL
         .into_iter()
         .find(|s| s.name() == shape)
@@ -88,4 +86,57 @@ fn callgrind(args: &[&str]) -> u64 {
         })
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no instruction count in callgrind's output:\n{stderr}"))
+}
+
+/// How far above its recorded figure a count may rise before the check fails.
+const TOLERANCE: f64 = 0.10;
+
+/// Reconciles per callgrind run for the check (and twice that): enough that start-up
+/// cancels out to well under one instruction per reconcile.
+const CHECK_OPS: u64 = 20_000;
+
+/// The `check-instructions FILE` subcommand: counts instructions per reconcile for each
+/// `VARIANT SHAPE FIGURE` line of `file` and compares each with its figure. Prints a
+/// line per count; returns the exit status (1 when one rose more than 10 % above its
+/// figure, so that the guard's hot path cannot creep unnoticed).
+pub fn check(file: &Path) -> i32 {
+    let recorded = std::fs::read_to_string(file)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+    let mut failed = 0;
+    let mut checked = 0;
+    for line in recorded.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let [variant, shape, figure] = line.split_whitespace().collect::<Vec<_>>()[..] else {
+            panic!("{}: not `VARIANT SHAPE FIGURE`: {line}", file.display());
+        };
+        let variant = Variant::named(variant).unwrap_or_else(|| panic!("no variant {variant}"));
+        let shape = Shape::ALL
+            .into_iter()
+            .find(|s| s.name() == shape)
+            .unwrap_or_else(|| panic!("no shape {shape}"));
+        let figure: f64 = figure.parse().expect("a figure");
+        let counted = per_op(variant, shape, CHECK_OPS);
+        let limit = figure * (1.0 + TOLERANCE);
+        let verdict = if counted > limit { "ROSE" } else { "ok" };
+        println!(
+            "{:<20} {:<10} {counted:>7.0} instructions per reconcile (recorded {figure:.0}, limit {limit:.0}): {verdict}",
+            variant.name(),
+            shape.name()
+        );
+        failed += usize::from(counted > limit);
+        checked += 1;
+    }
+    assert!(checked > 0, "{}: no figure to check", file.display());
+    if failed > 0 {
+        println!(
+            "{failed} of {checked} counts rose more than {:.0} % above the figure recorded in {}: \
+             find what the guard's hot path gained, or record the new figure in a commit that says why",
+            TOLERANCE * 100.0,
+            file.display()
+        );
+    }
+    println!("{} passed, {failed} failed", checked - failed);
+    i32::from(failed > 0)
 }

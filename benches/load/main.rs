@@ -93,6 +93,14 @@ fn main() {
         instructions::count(&args[1..]);
         return;
     }
+    if args.first().map(String::as_str) == Some("check-instructions") {
+        // `check-instructions FILE`: instructions per reconcile against the recorded
+        // figures (benches/guard-instructions.txt); fails past 10 % above one.
+        let [file] = &args[1..] else {
+            panic!("usage: check-instructions FILE");
+        };
+        std::process::exit(instructions::check(std::path::Path::new(file)));
+    }
     if args.first().map(String::as_str) == Some("overhead") {
         // `overhead ROUNDS OPS`: the alternating-turns measurement alone, for profiling.
         let [rounds, ops] = &args[1..] else {

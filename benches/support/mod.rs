@@ -10,10 +10,14 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use futures::task::AtomicWaker;
+use reconcile_watchdog::deadlines::Advisor;
 use reconcile_watchdog::guard::{
-    BuildIdHasher, ControllerHandle, Guarded, InFlight, ObjectKey, Registry,
+    BuildIdHasher, ControllerHandle, Deadlines, Fanout, Guarded, InFlight, NEAR_MISS_SHARE,
+    ObjectKey, Observer, Registry,
 };
+use reconcile_watchdog::health::Health;
 use reconcile_watchdog::internals::RegistryInternals;
+use reconcile_watchdog::metrics::Metrics;
 use reconcile_watchdog::monitor::{Config, Verdict};
 
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
@@ -27,8 +31,17 @@ const REGISTRY_SHARDS: usize = 256;
 pub enum Variant {
     /// The future alone: the cost of the reconcile itself.
     Unguarded,
-    /// Under the watchdog's guard (`ControllerHandle::guard`).
+    /// Under the watchdog's guard (`ControllerHandle::guard`), with what `run` installs
+    /// on the registry: the deadline advisor and the metrics as observers, near misses
+    /// on. The guard as it ships.
     Guarded,
+    /// The guard with the advisor but no metrics (`run --metrics-bind-address 0`).
+    GuardedNoMetrics,
+    /// The guard with the metrics but no advisor (no setting does this: it shows the
+    /// advisor's own cost).
+    GuardedNoAdvisor,
+    /// The guard on a registry that tells no observer (`Registry::new`).
+    GuardedBare,
     /// The future plus a bare DashMap insert and remove of an entry like the guard's:
     /// the least any registry of in-flight reconciles can cost.
     Floor,
@@ -37,14 +50,33 @@ pub enum Variant {
 }
 
 impl Variant {
-    /// Every variant, in table order.
+    /// The four ways compared in every table, in table order.
     pub const ALL: [Self; 4] = [Self::Unguarded, Self::Guarded, Self::Floor, Self::Timeout];
+
+    /// The guard with one diagnostic or another off, to show what each costs.
+    pub const PARTS_OFF: [Self; 3] = [
+        Self::GuardedNoMetrics,
+        Self::GuardedNoAdvisor,
+        Self::GuardedBare,
+    ];
+
+    /// Every variant, by name.
+    #[allow(dead_code)] // The load program's, not the criterion benches'.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .chain(Self::PARTS_OFF)
+            .find(|v| v.name() == name)
+    }
 
     /// The name used in bench ids and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Self::Unguarded => "unguarded",
             Self::Guarded => "guarded",
+            Self::GuardedNoMetrics => "guarded_no_metrics",
+            Self::GuardedNoAdvisor => "guarded_no_advisor",
+            Self::GuardedBare => "guarded_bare",
             Self::Floor => "floor",
             Self::Timeout => "timeout",
         }
@@ -195,7 +227,11 @@ impl FloorScan {
 
 /// One reconcile, run any of the four ways, again and again.
 pub struct Ops {
+    /// The shipped guard's controller, then each with a part off (see [`Variant`]).
     handle: ControllerHandle,
+    no_metrics: ControllerHandle,
+    no_advisor: ControllerHandle,
+    bare: ControllerHandle,
     controller: Arc<FloorController>,
     object: ObjectKey,
     floor: DashMap<u64, FloorSlot, BuildIdHasher>,
@@ -207,14 +243,26 @@ pub struct Ops {
 impl Ops {
     /// A fresh registry, floor map and runtime (two workers, as a small operator has).
     pub fn new() -> Self {
-        let registry = Registry::new(DEADLINE);
+        let advisor = || Advisor::new() as Arc<dyn Observer>;
+        let metrics = || Metrics::new(Arc::new(Health::new())) as Arc<dyn Observer>;
+        // As `Watchdog::start` builds it: near misses on, advisor first.
+        let registry = |observers: Fanout| {
+            Registry::with_observer(
+                Deadlines::new(DEADLINE).near_miss_share(Some(NEAR_MISS_SHARE)),
+                Arc::new(observers),
+            )
+            .controller("bench", "ConfigMap")
+        };
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_time()
             .build()
             .expect("a tokio runtime for the timeout variant");
         Self {
-            handle: registry.controller("bench", "ConfigMap"),
+            handle: registry(Fanout::new().with(advisor()).with(metrics())),
+            no_metrics: registry(Fanout::new().with(advisor())),
+            no_advisor: registry(Fanout::new().with(metrics())),
+            bare: Registry::new(DEADLINE).controller("bench", "ConfigMap"),
             controller: Arc::new(FloorController {
                 name: "bench".into(),
                 kind: "ConfigMap".into(),
@@ -234,18 +282,19 @@ impl Ops {
         self.runtime.enter()
     }
 
-    /// The registry the guarded variant registers in.
-    pub fn registry(&self) -> &Registry {
-        self.handle.registry()
-    }
-
     /// Runs one reconcile of `shape` the `variant` way. Panics on an unexpected result,
     /// so a broken variant cannot pass for a fast one.
     pub fn run(&self, variant: Variant, shape: Shape) {
         let ok = match variant {
             Variant::Unguarded => drive(NoOp::new(shape)).is_ok(),
-            Variant::Guarded => matches!(
-                drive(self.handle.guard(self.object.clone(), NoOp::new(shape))),
+            Variant::Guarded
+            | Variant::GuardedNoMetrics
+            | Variant::GuardedNoAdvisor
+            | Variant::GuardedBare => matches!(
+                drive(
+                    self.handle_of(variant)
+                        .guard(self.object.clone(), NoOp::new(shape))
+                ),
                 Ok(Ok(()))
             ),
             Variant::Floor => {
@@ -263,6 +312,15 @@ impl Ops {
         assert!(ok, "{} {} did not return Ok", variant.name(), shape.name());
     }
 
+    fn handle_of(&self, variant: Variant) -> &ControllerHandle {
+        match variant {
+            Variant::GuardedNoMetrics => &self.no_metrics,
+            Variant::GuardedNoAdvisor => &self.no_advisor,
+            Variant::GuardedBare => &self.bare,
+            _ => &self.handle,
+        }
+    }
+
     fn floor_entry(&self, id: u64) -> FloorEntry {
         FloorEntry {
             id,
@@ -278,9 +336,12 @@ impl Ops {
         }
     }
 
-    /// Whether every reconcile has left the registry and the floor map.
+    /// Whether every reconcile has left the registries and the floor map.
     pub fn is_idle(&self) -> bool {
-        self.registry().is_empty() && self.floor.is_empty()
+        [&self.handle, &self.no_metrics, &self.no_advisor, &self.bare]
+            .iter()
+            .all(|h| h.registry().is_empty())
+            && self.floor.is_empty()
     }
 }
 

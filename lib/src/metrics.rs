@@ -259,7 +259,7 @@ impl ControllerSeries {
 pub struct Metrics {
     registry: prometheus_client::registry::Registry,
     families: Families,
-    controllers: RwLock<HashMap<Arc<str>, ControllerSeries>>,
+    controllers: RwLock<HashMap<Arc<str>, Arc<ControllerSeries>>>,
     scan_duration: Histogram,
     runtime_heartbeat_age: Gauge<f64, AtomicU64>,
     leader: LeaderSeries,
@@ -469,26 +469,39 @@ impl Metrics {
                 return f(series);
             }
         }
+        f(&self.series(controller))
+    }
+
+    /// `controller`'s series, made on first sight.
+    fn series(&self, controller: &str) -> Arc<ControllerSeries> {
         let mut controllers = self.controllers.write().unwrap_or_else(|p| p.into_inner());
-        let series = controllers
-            .entry(controller.into())
-            .or_insert_with(|| ControllerSeries::new(&self.families, controller));
-        f(series)
+        Arc::clone(
+            controllers
+                .entry(controller.into())
+                .or_insert_with(|| Arc::new(ControllerSeries::new(&self.families, controller))),
+        )
     }
 }
 
 impl guard::Observer for Metrics {
-    fn finished(&self, controller: &str, _kind: &str, outcome: Outcome, elapsed: Duration) {
-        self.with_series(controller, |series| {
-            series.durations[outcome_index(outcome)].observe(elapsed.as_secs_f64());
-        });
+    fn controller(
+        &self,
+        controller: &str,
+        _kind: &str,
+    ) -> Option<Arc<dyn guard::ControllerObserver>> {
+        Some(self.series(controller))
+    }
+}
+
+/// Each end lands in the controller's series resolved when its handle was made.
+impl guard::ControllerObserver for ControllerSeries {
+    fn finished(&self, outcome: Outcome, elapsed: Duration) {
+        self.durations[outcome_index(outcome)].observe(elapsed.as_secs_f64());
     }
 
     fn ended_late(&self, end: &guard::LateEnd<'_>) {
         if end.is_near_miss() {
-            self.with_series(end.controller, |series| {
-                series.near_misses.inc();
-            });
+            self.near_misses.inc();
         }
     }
 }

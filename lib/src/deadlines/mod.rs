@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::guard::{Deadlines, LateEnd, Observer, Outcome};
+use crate::guard::{ControllerObserver, Deadlines, LateEnd, Observer, Outcome};
 
 pub use suggest::{MIN_RECONCILES, Suggestion, suggest};
 pub use view::{ControllerReport, DeadlineSource, Report};
@@ -59,6 +59,8 @@ struct Stats {
     /// Ended after the monitor had reported them hung.
     hangs_ended: AtomicU64,
     log: LogLimit,
+    /// The advisor's epoch, which near-miss log times count from.
+    epoch: Instant,
 }
 
 /// Collects reconcile durations and near misses per controller. Share it as an `Arc`
@@ -67,10 +69,10 @@ struct Stats {
 pub struct Advisor {
     epoch: Instant,
     /// Filled in order; `len` says how many are set, so a lookup reads without a lock.
-    controllers: [OnceLock<Box<Stats>>; MAX_CONTROLLERS],
+    controllers: [OnceLock<Arc<Stats>>; MAX_CONTROLLERS],
     len: AtomicUsize,
     adding: Mutex<()>,
-    untracked: AtomicU64,
+    untracked: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Advisor {
@@ -90,13 +92,13 @@ impl Advisor {
             controllers: std::array::from_fn(|_| OnceLock::new()),
             len: AtomicUsize::new(0),
             adding: Mutex::new(()),
-            untracked: AtomicU64::new(0),
+            untracked: Arc::default(),
         })
     }
 
     /// The stats of `controller`, added on first sight; `None` past [`MAX_CONTROLLERS`].
     /// Controllers are few: a linear search of their names costs less than hashing one.
-    fn stats(&self, controller: &str) -> Option<&Stats> {
+    fn stats(&self, controller: &str) -> Option<&Arc<Stats>> {
         let len = self.len.load(Ordering::Acquire);
         if let Some(found) = self.find(controller, len) {
             return Some(found);
@@ -108,12 +110,13 @@ impl Advisor {
         }
         let slot = self.controllers.get(len)?;
         let stats = slot.get_or_init(|| {
-            Box::new(Stats {
+            Arc::new(Stats {
                 name: controller.into(),
                 sketch: sketch::Sketch::default(),
                 near_misses: AtomicU64::new(0),
                 hangs_ended: AtomicU64::new(0),
                 log: LogLimit::default(),
+                epoch: self.epoch,
             })
         });
         self.len.store(len + 1, Ordering::Release);
@@ -123,14 +126,14 @@ impl Advisor {
     /// The stats of `controller`, if it has any.
     fn get(&self, controller: &str) -> Option<&Stats> {
         self.find(controller, self.len.load(Ordering::Acquire))
+            .map(|s| &**s)
     }
 
-    fn find(&self, controller: &str, len: usize) -> Option<&Stats> {
+    fn find(&self, controller: &str, len: usize) -> Option<&Arc<Stats>> {
         self.controllers[..len]
             .iter()
             .filter_map(OnceLock::get)
             .find(|s| &*s.name == controller)
-            .map(|s| &**s)
     }
 
     /// Every tracked controller's stats, in the order first seen.
@@ -148,45 +151,59 @@ impl Advisor {
     pub fn report(&self, registry: &crate::guard::Registry) -> Report {
         view::report(self, registry)
     }
+}
 
-    fn near_miss(&self, stats: &Stats, end: &LateEnd<'_>) {
-        stats.near_misses.fetch_add(1, Ordering::Relaxed);
+impl Stats {
+    fn near_miss(&self, end: &LateEnd<'_>) {
+        self.near_misses.fetch_add(1, Ordering::Relaxed);
         let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let period = u64::try_from(NEAR_MISS_LOG_PERIOD.as_nanos()).unwrap_or(u64::MAX);
-        if let Some(unlogged) = stats.log.admit(now, period) {
+        if let Some(unlogged) = self.log.admit(now, period) {
             warn_near_miss(end, unlogged);
         }
     }
 }
 
 impl Observer for Advisor {
-    fn finished(&self, controller: &str, _kind: &str, outcome: Outcome, elapsed: Duration) {
-        let Some(stats) = self.stats(controller) else {
-            self.untracked.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
+    fn controller(&self, controller: &str, _kind: &str) -> Option<Arc<dyn ControllerObserver>> {
+        Some(match self.stats(controller) {
+            Some(stats) => Arc::clone(stats) as Arc<dyn ControllerObserver>,
+            None => Arc::new(Untracked(Arc::clone(&self.untracked))),
+        })
+    }
+}
+
+/// Each end of a tracked controller lands in its own stats, resolved with its handle.
+impl ControllerObserver for Stats {
+    fn finished(&self, outcome: Outcome, elapsed: Duration) {
         // A cancelled or dropped reconcile did not run to its end: its duration says
         // only when it was stopped, not how long it would have taken.
         if matches!(outcome, Outcome::Ok | Outcome::Error | Outcome::Panic) {
-            stats.sketch.record(elapsed);
+            self.sketch.record(elapsed);
         }
     }
 
     fn ended_late(&self, end: &LateEnd<'_>) {
-        let Some(stats) = self.stats(end.controller) else {
-            return;
-        };
         if end.reported_hung {
-            stats.hangs_ended.fetch_add(1, Ordering::Relaxed);
+            self.hangs_ended.fetch_add(1, Ordering::Relaxed);
             // A hang says nothing of how long honest work takes: one released after an
             // hour would make the advisor suggest hours. `finished` sketched it just now.
             if matches!(end.outcome, Outcome::Ok | Outcome::Error | Outcome::Panic) {
-                stats.sketch.forget(end.elapsed);
+                self.sketch.forget(end.elapsed);
             }
         }
         if end.is_near_miss() {
-            self.near_miss(stats, end);
+            self.near_miss(end);
         }
+    }
+}
+
+/// The ends of a controller beyond [`MAX_CONTROLLERS`]: counted only.
+struct Untracked(Arc<AtomicU64>);
+
+impl ControllerObserver for Untracked {
+    fn finished(&self, _: Outcome, _: Duration) {
+        self.0.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -326,11 +343,12 @@ mod tests {
             deadline: Duration::from_millis(1_000),
             reported_hung,
         };
-        advisor.ended_late(&end(850, false));
-        advisor.ended_late(&end(1_000, false));
-        advisor.ended_late(&end(1_001, false));
-        advisor.finished("jobs", "Job", Outcome::Ok, Duration::from_millis(5_000));
-        advisor.ended_late(&end(5_000, true));
+        let observer = advisor.controller("jobs", "Job").unwrap();
+        observer.ended_late(&end(850, false));
+        observer.ended_late(&end(1_000, false));
+        observer.ended_late(&end(1_001, false));
+        observer.finished(Outcome::Ok, Duration::from_millis(5_000));
+        observer.ended_late(&end(5_000, true));
         let jobs = advisor.stats("jobs").unwrap();
         assert_eq!(jobs.sketch.summary().count(), 0, "the hang is left out");
         assert_eq!(jobs.near_misses.load(Ordering::Relaxed), 2);
@@ -342,10 +360,16 @@ mod tests {
     #[test]
     fn past_the_cap_controllers_are_only_counted() {
         let advisor = Advisor::new();
+        let end = |controller: &str| {
+            advisor
+                .controller(controller, "K")
+                .unwrap()
+                .finished(Outcome::Ok, Duration::from_millis(1));
+        };
         for i in 0..=MAX_CONTROLLERS {
-            advisor.finished(&format!("c{i}"), "K", Outcome::Ok, Duration::from_millis(1));
+            end(&format!("c{i}"));
         }
-        advisor.finished("c0", "K", Outcome::Ok, Duration::from_millis(1));
+        end("c0");
         assert_eq!(advisor.all().count(), MAX_CONTROLLERS);
         assert_eq!(advisor.untracked.load(Ordering::Relaxed), 1);
         assert_eq!(advisor.stats("c0").unwrap().sketch.summary().count(), 2);

@@ -188,10 +188,11 @@ mod tests {
             Deadlines::new(Duration::from_secs(3)).with("pinned", Duration::from_secs(45)),
             Arc::clone(&advisor) as Arc<dyn Observer>,
         );
+        let busy = advisor.controller("busy", "K").unwrap();
         for i in 0..200_u64 {
-            advisor.finished("busy", "K", Outcome::Ok, Duration::from_millis(100 + i));
+            busy.finished(Outcome::Ok, Duration::from_millis(100 + i));
         }
-        advisor.finished("busy", "K", Outcome::Cancelled, Duration::from_secs(9));
+        busy.finished(Outcome::Cancelled, Duration::from_secs(9));
         let _stuck = registry
             .controller("stuck", "K")
             .with_deadline(Duration::ZERO)

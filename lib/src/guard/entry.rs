@@ -163,6 +163,7 @@ impl Entry {
     /// few milliseconds old at most), which costs a fraction of a precise read. Poll
     /// times only date hang reports, whose deadlines are seconds to minutes; the start
     /// and the deadline use the precise clock.
+    #[inline]
     fn stamp_now(&self) -> u64 {
         let since = coarsetime::Instant::now_without_cache_update()
             .duration_since(self.epoch.coarse)
@@ -183,6 +184,7 @@ impl Entry {
 
     /// Records the start of a poll: a handful of relaxed stores, and from the second
     /// poll on, one coarse clock read.
+    #[inline]
     pub(crate) fn poll_begins(&self) {
         // Only the task polling the reconcile writes these (a poll holds it by `&mut`),
         // so a load and a store do what a read-modify-write would, for less.
@@ -211,11 +213,19 @@ impl Entry {
     /// Remembers the waker of the task that polls the reconcile, so that a wake of the
     /// guard's own waker (see [`Wake`](std::task::Wake) below) and a cancel request
     /// reach it.
+    #[inline]
     pub(crate) fn register_waker(&self, waker: &std::task::Waker) {
         self.waker.register(waker);
     }
 
+    /// Whether the guard's waker was woken since the latest poll began.
+    #[inline]
+    pub(crate) fn woken_since_poll_began(&self) -> bool {
+        self.woken.load(Ordering::Acquire) != 0
+    }
+
     /// Records the end of a poll: the in-poll bit cleared, its start kept.
+    #[inline]
     pub(crate) fn poll_ends(&self) {
         let poll = self.poll.load(Ordering::Relaxed);
         self.poll.store(poll & !1, Ordering::Release);
@@ -226,6 +236,7 @@ impl Entry {
         self.poll.load(Ordering::Acquire) & 1 == 1
     }
 
+    #[inline]
     pub(crate) fn cancel_requested(&self) -> bool {
         self.cancel_requested.load(Ordering::Acquire)
     }
@@ -240,6 +251,7 @@ impl Entry {
         self.reported_hung.store(true, Ordering::Release);
     }
 
+    #[inline]
     pub(crate) fn was_reported_hung(&self) -> bool {
         self.reported_hung.load(Ordering::Acquire)
     }

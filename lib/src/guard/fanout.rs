@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::Outcome;
-use super::registry::{LateEnd, Observer};
+use super::registry::{ControllerObserver, LateEnd, Observer};
 
 /// Tells every observer it holds, in order, of every end.
 #[derive(Clone, Default)]
@@ -36,14 +36,33 @@ impl Fanout {
 }
 
 impl Observer for Fanout {
-    fn finished(&self, controller: &str, kind: &str, outcome: Outcome, elapsed: Duration) {
-        for observer in &self.observers {
-            observer.finished(controller, kind, outcome, elapsed);
+    fn controller(&self, controller: &str, kind: &str) -> Option<Arc<dyn ControllerObserver>> {
+        let mut each: Vec<Arc<dyn ControllerObserver>> = self
+            .observers
+            .iter()
+            .filter_map(|o| o.controller(controller, kind))
+            .collect();
+        // One alone is told directly: no loop, no second dynamic call per end.
+        match each.len() {
+            0 => None,
+            1 => each.pop(),
+            _ => Some(Arc::new(Each(each))),
+        }
+    }
+}
+
+/// Several observers of one controller, told in order.
+struct Each(Vec<Arc<dyn ControllerObserver>>);
+
+impl ControllerObserver for Each {
+    fn finished(&self, outcome: Outcome, elapsed: Duration) {
+        for observer in &self.0 {
+            observer.finished(outcome, elapsed);
         }
     }
 
     fn ended_late(&self, end: &LateEnd<'_>) {
-        for observer in &self.observers {
+        for observer in &self.0 {
             observer.ended_late(end);
         }
     }

@@ -80,9 +80,6 @@ where
             unreachable!("the reconcile is only taken together with the guard");
         };
 
-        // The task's waker is known before the poll, so that a wake during it (or a
-        // cancel request) reaches the task through the guard's waker.
-        entry.register_waker(cx.waker());
         entry.poll_begins();
         let mut dated = Context::from_waker(this.waker);
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
@@ -90,9 +87,14 @@ where
 
         match polled {
             Ok(Poll::Pending) => {
-                // A cancel request that came after the flag was read is seen here, or
-                // its wake reached the task.
-                if entry.cancel_requested() {
+                // The task's waker is registered only now, when there is a wait to
+                // wake it from (a reconcile that returns at once never pays for it).
+                // A wake of the guard's waker (or a cancel request) that came before
+                // this registration may have found no waker, or an older one; each
+                // left its mark first, seen here, and the task is woken for it. One
+                // that comes after finds the waker.
+                entry.register_waker(cx.waker());
+                if entry.woken_since_poll_began() || entry.cancel_requested() {
                     cx.waker().wake_by_ref();
                 }
                 Poll::Pending
@@ -195,6 +197,78 @@ mod tests {
         ));
         assert!(registry.is_empty());
         done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The task's waker is registered after the poll: a wake during the first poll
+    /// (before any registration) and one from another thread between the poll's end
+    /// and the registration must still reach the task.
+    #[test]
+    fn a_wake_before_the_waker_is_registered_reaches_the_task() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let task = Arc::new(CountingWaker::default());
+        let task_waker = Waker::from(Arc::clone(&task));
+        let mut cx = Context::from_waker(&task_waker);
+
+        // Woken during its own first poll, as `yield_now` does.
+        let mut polls = 0;
+        let mut yields = std::pin::pin!(handle.guard(
+            ObjectKey::cluster("a"),
+            std::future::poll_fn(move |cx: &mut Context<'_>| {
+                polls += 1;
+                if polls == 1 {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Ok::<(), ()>(()))
+            })
+        ));
+        assert!(yields.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(
+            task.wakes(),
+            1,
+            "the wake during the first poll is passed on"
+        );
+        assert!(yields.as_mut().poll(&mut cx).is_ready());
+
+        // Woken from another thread while its first poll runs: the wake finds no waker
+        // registered, only the mark it leaves.
+        let (entered, go) = (
+            Arc::new(std::sync::Barrier::new(2)),
+            Arc::new(std::sync::Barrier::new(2)),
+        );
+        let handed: Arc<Mutex<Option<Waker>>> = Arc::default();
+        let waking = {
+            let (entered, go, handed) =
+                (Arc::clone(&entered), Arc::clone(&go), Arc::clone(&handed));
+            std::thread::spawn(move || {
+                entered.wait();
+                handed.lock().unwrap().take().unwrap().wake();
+                go.wait();
+            })
+        };
+        let mut first = true;
+        let mut woken_elsewhere = std::pin::pin!(handle.guard(
+            ObjectKey::cluster("b"),
+            std::future::poll_fn(move |cx: &mut Context<'_>| {
+                if std::mem::take(&mut first) {
+                    *handed.lock().unwrap() = Some(cx.waker().clone());
+                    entered.wait();
+                    go.wait();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Ok::<(), ()>(()))
+            })
+        ));
+        assert!(woken_elsewhere.as_mut().poll(&mut cx).is_pending());
+        waking.join().unwrap();
+        assert_eq!(
+            task.wakes(),
+            2,
+            "the wake from the other thread is passed on"
+        );
+        assert!(woken_elsewhere.as_mut().poll(&mut cx).is_ready());
+        assert!(registry.is_empty());
     }
 
     #[derive(Default)]

@@ -23,7 +23,8 @@ pub(crate) use registry::BuildIdHasher;
 #[doc(hidden)]
 pub use registry::{BuildIdHasher, IdHasher};
 pub use registry::{
-    ControllerCounts, ControllerHandle, Deadlines, Ended, Guard, Observer, Registry,
+    ControllerCounts, ControllerHandle, ControllerObserver, Deadlines, Ended, Guard, Observer,
+    Registry,
 };
 pub use registry::{LateEnd, NEAR_MISS_SHARE};
 pub use thread::ThreadInfo;

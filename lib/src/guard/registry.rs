@@ -109,11 +109,20 @@ pub struct Ended {
     pub outcome: Outcome,
 }
 
-/// Told of every reconcile that ends (metrics, for instance). It runs on the
-/// reconcile's own thread as the guard drops, so it must be quick and must not block.
+/// Told of every reconcile that ends (metrics, the deadline advisor). It is asked once
+/// per controller handle for that controller's [`ControllerObserver`], which each end
+/// then goes to straight: no lookup by name on the reconcile's thread.
 pub trait Observer: Send + Sync + 'static {
-    /// A reconcile of `controller` ended with `outcome` after `elapsed`.
-    fn finished(&self, controller: &str, kind: &str, outcome: Outcome, elapsed: Duration);
+    /// The observer of the ends of `controller`'s reconciles of `kind`, or `None` to be
+    /// told nothing of them (then an end costs the guard no clock read and no call).
+    fn controller(&self, controller: &str, kind: &str) -> Option<Arc<dyn ControllerObserver>>;
+}
+
+/// Told of each end of one controller's reconciles. It runs on the reconcile's own
+/// thread as the guard drops, so it must be quick and must not block.
+pub trait ControllerObserver: Send + Sync + 'static {
+    /// A reconcile ended with `outcome` after `elapsed`.
+    fn finished(&self, outcome: Outcome, elapsed: Duration);
 
     /// A reconcile ended after more than its controller's near-miss share of its
     /// deadline (see [`Deadlines::near_miss_share`]), or past the deadline itself. Told
@@ -214,6 +223,25 @@ pub(crate) struct Controller {
     pub(crate) deadline: Duration,
     /// An end after this long is told to the observer as late (near miss or worse).
     pub(crate) late_after: Duration,
+    /// What the registry's observer resolved for this controller.
+    observer: Option<Arc<dyn ControllerObserver>>,
+}
+
+impl Controller {
+    fn new(registry: &Registry, name: Arc<str>, kind: Arc<str>, deadline: Duration) -> Self {
+        let shared = &registry.shared;
+        Self {
+            observer: shared
+                .observer
+                .as_ref()
+                .and_then(|observer| observer.controller(&name, &kind)),
+            registry: registry.clone(),
+            name,
+            kind,
+            deadline,
+            late_after: shared.deadlines.late_after(deadline),
+        }
+    }
 }
 
 /// In-flight reconciles per controller, as a scan counted them.
@@ -320,13 +348,7 @@ impl Registry {
     pub fn controller(&self, name: &str, kind: &str) -> ControllerHandle {
         let deadline = self.shared.deadlines.for_controller(name);
         ControllerHandle {
-            controller: Arc::new(Controller {
-                registry: self.clone(),
-                name: name.into(),
-                kind: kind.into(),
-                deadline,
-                late_after: self.shared.deadlines.late_after(deadline),
-            }),
+            controller: Arc::new(Controller::new(self, name.into(), kind.into(), deadline)),
         }
     }
 
@@ -479,13 +501,12 @@ impl ControllerHandle {
     pub fn with_deadline(self, deadline: Duration) -> Self {
         let c = &self.controller;
         Self {
-            controller: Arc::new(Controller {
-                registry: c.registry.clone(),
-                name: Arc::clone(&c.name),
-                kind: Arc::clone(&c.kind),
+            controller: Arc::new(Controller::new(
+                &c.registry,
+                Arc::clone(&c.name),
+                Arc::clone(&c.kind),
                 deadline,
-                late_after: c.registry.shared.deadlines.late_after(deadline),
-            }),
+            )),
         }
     }
 
@@ -545,10 +566,12 @@ impl Guard {
 
     /// Records how the reconcile ended; without it, a dropped guard counts as
     /// [`Outcome::Dropped`] (or [`Outcome::Panic`] while unwinding).
+    #[inline]
     pub fn finish(mut self, outcome: Outcome) {
         self.outcome = Some(outcome);
     }
 
+    #[inline]
     pub(crate) fn entry(&self) -> &Entry {
         &self.entry
     }
@@ -572,11 +595,11 @@ impl Drop for Guard {
                 Outcome::Dropped
             })
         };
-        if let Some(observer) = &shared.observer {
-            let entry = &self.entry;
-            let controller = &entry.controller;
+        let entry = &self.entry;
+        let controller = &entry.controller;
+        if let Some(observer) = &controller.observer {
             let elapsed = entry.started.elapsed();
-            observer.finished(&controller.name, &controller.kind, outcome(), elapsed);
+            observer.finished(outcome(), elapsed);
             if elapsed > controller.late_after {
                 observer.ended_late(&LateEnd {
                     controller: &controller.name,

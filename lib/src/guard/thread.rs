@@ -41,6 +41,7 @@ thread_local! {
 }
 
 /// The calling thread's slot (never 0).
+#[inline]
 pub(crate) fn current_slot() -> u64 {
     SLOT.with(|s| s.0)
 }
@@ -76,6 +77,7 @@ impl InfoCache {
 }
 
 /// The current tokio task's id as a number, or 0 outside a task.
+#[inline]
 pub(crate) fn current_task_id() -> u64 {
     // tokio::task::Id has no public integer accessor, but it hashes as its u64.
     struct Capture(u64);
