@@ -27,7 +27,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -100,8 +100,6 @@ struct HangLabels {
     controller: String,
     state: &'static str,
 }
-
-type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IdentityLabels {
@@ -185,10 +183,69 @@ impl Collector for WatchAges {
     }
 }
 
+/// [`RECONCILE_BUCKETS`] in nanoseconds, for [`DurationHistogram`].
+static RECONCILE_BUCKET_NANOS: std::sync::LazyLock<[u64; RECONCILE_BUCKETS.len()]> =
+    std::sync::LazyLock::new(|| {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        RECONCILE_BUCKETS.map(|seconds| (seconds * 1e9).round() as u64)
+    });
+
+/// A histogram of reconcile durations over [`RECONCILE_BUCKETS`] on atomics: every
+/// reconcile's end records into one, so it takes no lock (prometheus-client's
+/// `Histogram` locks a mutex per observation) and sums whole nanoseconds.
+#[derive(Clone, Debug, Default)]
+struct DurationHistogram(Arc<DurationCounts>);
+
+#[derive(Debug, Default)]
+struct DurationCounts {
+    /// Per bucket, not cumulative; the last one is `+Inf`.
+    buckets: [AtomicU64; RECONCILE_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl DurationHistogram {
+    fn observe(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        // The first bucket whose bound is at or above it (`le`).
+        let bucket = RECONCILE_BUCKET_NANOS.partition_point(|&bound| bound < nanos);
+        let counts = &self.0;
+        counts.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        counts.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+impl prometheus_client::metrics::TypedMetric for DurationHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for DurationHistogram {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        // Per bucket: the encoder adds them up into the cumulative `le` counts.
+        let buckets: Vec<(f64, u64)> = RECONCILE_BUCKETS
+            .iter()
+            .chain(&[f64::INFINITY])
+            .zip(&self.0.buckets)
+            .map(|(&bound, n)| (bound, n.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.0.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 /// The labelled families, kept to create each controller's series from.
 #[derive(Debug)]
 struct Families {
-    reconcile_duration: HistogramFamily<OutcomeLabels>,
+    reconcile_duration: Family<OutcomeLabels, DurationHistogram>,
     in_flight: Family<ControllerLabels, Gauge>,
     overdue: Family<ControllerLabels, Gauge>,
     hangs: Family<HangLabels, Counter>,
@@ -201,7 +258,7 @@ struct Families {
 /// allocates nor formats labels.
 #[derive(Debug)]
 struct ControllerSeries {
-    durations: [Histogram; OUTCOMES.len()],
+    durations: [DurationHistogram; OUTCOMES.len()],
     in_flight: Gauge,
     overdue: Gauge,
     hangs_awaiting: Counter,
@@ -280,7 +337,7 @@ impl Metrics {
     #[must_use]
     pub fn with_api_server(health: Arc<Health>, api_server: Arc<ApiServerStatus>) -> Arc<Self> {
         let families = Families {
-            reconcile_duration: Family::new_with_constructor(|| Histogram::new(RECONCILE_BUCKETS)),
+            reconcile_duration: Family::default(),
             in_flight: Family::default(),
             overdue: Family::default(),
             hangs: Family::default(),
@@ -496,7 +553,7 @@ impl guard::Observer for Metrics {
 /// Each end lands in the controller's series resolved when its handle was made.
 impl guard::ControllerObserver for ControllerSeries {
     fn finished(&self, outcome: Outcome, elapsed: Duration) {
-        self.durations[outcome_index(outcome)].observe(elapsed.as_secs_f64());
+        self.durations[outcome_index(outcome)].observe(elapsed);
     }
 
     fn ended_late(&self, end: &guard::LateEnd<'_>) {
@@ -759,6 +816,29 @@ mod tests {
                 .unwrap_or_else(|| panic!("{series} in {text}"));
             assert!((age - 7.0).abs() < 1e-9, "{text}");
         }
+    }
+
+    #[test]
+    fn a_duration_lands_in_the_first_bucket_at_or_above_it() {
+        let histogram = DurationHistogram::default();
+        for millis in [30, 50, 51, 7_200_000] {
+            histogram.observe(Duration::from_millis(millis));
+        }
+        let counts: Vec<u64> = histogram
+            .0
+            .buckets
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
+        // le 0.05 holds 30 ms and exactly 50 ms; 51 ms is in le 0.1; two hours in +Inf.
+        assert_eq!(counts[2], 2, "{counts:?}");
+        assert_eq!(counts[3], 1, "{counts:?}");
+        assert_eq!(counts[RECONCILE_BUCKETS.len()], 1, "{counts:?}");
+        assert_eq!(counts.iter().sum::<u64>(), 4);
+        assert_eq!(
+            histogram.0.sum_nanos.load(Ordering::Relaxed),
+            (30 + 50 + 51 + 7_200_000) * 1_000_000
+        );
     }
 
     #[test]

@@ -37,33 +37,26 @@ impl Fanout {
 
 impl Observer for Fanout {
     fn controller(&self, controller: &str, kind: &str) -> Option<Arc<dyn ControllerObserver>> {
-        let mut each: Vec<Arc<dyn ControllerObserver>> = self
-            .observers
+        // One alone is told directly; several are told in pairs (two calls, no loop):
+        // the advisor and the metrics are the usual two.
+        self.observers
             .iter()
             .filter_map(|o| o.controller(controller, kind))
-            .collect();
-        // One alone is told directly: no loop, no second dynamic call per end.
-        match each.len() {
-            0 => None,
-            1 => each.pop(),
-            _ => Some(Arc::new(Each(each))),
-        }
+            .reduce(|first, then| Arc::new(Both(first, then)))
     }
 }
 
-/// Several observers of one controller, told in order.
-struct Each(Vec<Arc<dyn ControllerObserver>>);
+/// Two observers of one controller, told in order.
+struct Both(Arc<dyn ControllerObserver>, Arc<dyn ControllerObserver>);
 
-impl ControllerObserver for Each {
+impl ControllerObserver for Both {
     fn finished(&self, outcome: Outcome, elapsed: Duration) {
-        for observer in &self.0 {
-            observer.finished(outcome, elapsed);
-        }
+        self.0.finished(outcome, elapsed);
+        self.1.finished(outcome, elapsed);
     }
 
     fn ended_late(&self, end: &LateEnd<'_>) {
-        for observer in &self.0 {
-            observer.ended_late(end);
-        }
+        self.0.ended_late(end);
+        self.1.ended_late(end);
     }
 }
