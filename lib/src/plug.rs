@@ -166,3 +166,146 @@ impl Observer for ReportsObserver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::guard::{Ended, InFlight, PollState};
+    use crate::monitor::verdict::{Summary, SummaryKind};
+
+    fn reconcile(object: &str, started: Instant) -> InFlight {
+        InFlight {
+            id: 1,
+            controller: "widgets".into(),
+            kind: "Widget".into(),
+            object: ObjectKey::namespaced("ns", object),
+            deadline: Duration::from_secs(2),
+            started,
+            started_at: SystemTime::UNIX_EPOCH,
+            polls: 1,
+            poll: PollState::Awaiting,
+            last_poll_began: Some(started),
+            thread: None,
+            task_id: None,
+            cancel_requested: false,
+        }
+    }
+
+    #[test]
+    fn the_per_reconcile_lines_become_reports_and_nothing_else_does() {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(5);
+        let ended = |object, outcome| {
+            Event::Ended(Ended {
+                reconcile: reconcile(object, t0),
+                elapsed: Duration::from_secs(7),
+                outcome,
+            })
+        };
+        let events = [
+            Event::Hung {
+                reconcile: reconcile("a", t0),
+                state: HangState::Awaiting,
+                action: Action::FailLiveness,
+            },
+            Event::Summary(Summary {
+                kind: SummaryKind::Hung,
+                count: 140,
+                by_group: "widgets awaiting 140".into(),
+            }),
+            Event::StillHung {
+                reconcile: reconcile("b", t0),
+                state: HangState::InPoll,
+                deadlines: 2,
+                action: Action::ReportOnly,
+            },
+            ended("c", Outcome::Ok),
+            ended("d", Outcome::Cancelled),
+            Event::RuntimeRecovered {
+                stalled_for: Duration::from_secs(3),
+            },
+        ];
+        let reports: Vec<_> = hang_reports(&events, now).collect();
+        let what: Vec<_> = reports
+            .iter()
+            .map(|r| (r.reported, r.object.as_str(), r.elapsed))
+            .collect();
+        let (five, seven) = (Duration::from_secs(5), Duration::from_secs(7));
+        assert_eq!(
+            what,
+            [
+                (Reported::Hung, "ns/a", five),
+                (Reported::StillHung, "ns/b", five),
+                (Reported::Ended, "ns/c", seven),
+                (Reported::Cancelled, "ns/d", seven),
+            ]
+        );
+        assert_eq!(reports[1].state, Some(HangState::InPoll));
+        assert_eq!(reports[1].action, Some(Action::ReportOnly));
+        assert_eq!(
+            (reports[0].controller, reports[0].kind),
+            ("widgets", "Widget")
+        );
+        assert_eq!(reports[0].deadline, Duration::from_secs(2));
+        assert_eq!(
+            (reports[2].state, reports[2].outcome),
+            (None, Some(Outcome::Ok))
+        );
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<(Reported, String)>>);
+
+    impl HangReports for Recorder {
+        fn reported(&self, report: &HangReport<'_>) {
+            let mut seen = self.0.lock().unwrap();
+            seen.push((report.reported, report.object.to_string()));
+        }
+
+        fn dropped(&self) -> u64 {
+            7
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_watchdog_tells_what_it_plugged_in_of_a_hang_and_its_end_and_counts_its_drops() {
+        let recorder = Arc::new(Recorder::default());
+        let watchdog = crate::Watchdog::builder()
+            .deadlines(Duration::from_millis(50))
+            .interval(Duration::from_millis(10))
+            .collect_metrics()
+            .hang_reports(recorder.clone())
+            .start()
+            .unwrap();
+        let reported = |what| {
+            let seen = recorder.0.lock().unwrap();
+            seen.contains(&(what, "ns/stuck".to_owned()))
+        };
+        let eventually = |what| {
+            let start = Instant::now();
+            while !reported(what) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "never told {what:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let guard = watchdog
+            .registry()
+            .controller("widgets", "Widget")
+            .register(ObjectKey::namespaced("ns", "stuck"));
+        eventually(Reported::Hung);
+        drop(guard);
+        eventually(Reported::Ended);
+        let text = watchdog.metrics().unwrap().encode();
+        assert!(
+            text.contains("\nreconcile_watchdog_events_dropped_total 7\n"),
+            "{text}"
+        );
+    }
+}

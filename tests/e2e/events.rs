@@ -45,21 +45,33 @@ fn emulator_a_black_holed_object_gets_one_hang_event_series_then_its_end() {
     let stuck = format!("{}/stuck", cluster.namespace);
 
     assert!(
-        eventually(SETTLE, || !events(&cluster, "stuck", "ReconcileHung").is_empty()),
+        eventually(SETTLE, || !events(&cluster, "stuck", "ReconcileHung")
+            .is_empty()),
         "no ReconcileHung Event on the black-holed object"
     );
     let hung = events(&cluster, "stuck", "ReconcileHung").remove(0);
     assert_eq!(hung.type_.as_deref(), Some("Warning"));
     assert_eq!(hung.action.as_deref(), Some("Reconcile"));
-    assert_eq!(hung.reporting_controller.as_deref(), Some("reconcile-watchdog"));
+    assert_eq!(
+        hung.reporting_controller.as_deref(),
+        Some("reconcile-watchdog")
+    );
     assert!(
-        hung.reporting_instance.as_deref().is_some_and(|i| !i.is_empty()),
+        hung.reporting_instance
+            .as_deref()
+            .is_some_and(|i| !i.is_empty()),
         "{hung:?}"
     );
     let regarding = hung.regarding.clone().expect("regarding");
     assert_eq!(regarding.kind.as_deref(), Some("ConfigTemplate"));
-    assert_eq!(regarding.api_version.as_deref(), Some("watchdog.example.com/v1"));
-    assert_eq!(regarding.namespace.as_deref(), Some(cluster.namespace.as_str()));
+    assert_eq!(
+        regarding.api_version.as_deref(),
+        Some("watchdog.example.com/v1")
+    );
+    assert_eq!(
+        regarding.namespace.as_deref(),
+        Some(cluster.namespace.as_str())
+    );
     // The uid from the controller's cache: `kubectl describe` looks for it.
     assert_eq!(regarding.uid, template.metadata.uid);
     let note = hung.note.clone().unwrap_or_default();
@@ -90,7 +102,8 @@ fn emulator_a_black_holed_object_gets_one_hang_event_series_then_its_end() {
 
     cluster.emulator().release("stuck");
     assert!(
-        eventually(SETTLE, || !events(&cluster, "stuck", "ReconcileHangEnded").is_empty()),
+        eventually(SETTLE, || !events(&cluster, "stuck", "ReconcileHangEnded")
+            .is_empty()),
         "no ReconcileHangEnded Event after the release"
     );
     let ended = events(&cluster, "stuck", "ReconcileHangEnded").remove(0);
@@ -112,11 +125,17 @@ fn emulator_hang_events_false_publishes_none() {
     let quiet = format!("{}/quiet", cluster.namespace);
     // The hang and its first reminder are logged: Events, were they on, would be out.
     assert!(
-        eventually(SETTLE, || !lines(&operator, &quiet, "reconcile still hung:").is_empty()),
+        eventually(SETTLE, || !lines(
+            &operator,
+            &quiet,
+            "reconcile still hung:"
+        )
+        .is_empty()),
         "the black-holed reconcile was never reported still hung"
     );
     assert!(
-        !eventually(Duration::from_secs(3), || cluster.emulator().event_writes() > 0),
+        !eventually(Duration::from_secs(3), || cluster.emulator().event_writes()
+            > 0),
         "Events were written with --hang-events=false: {:?}",
         cluster.events_about("quiet")
     );
@@ -197,5 +216,8 @@ fn emulator_an_api_outage_drops_events_and_slows_no_reconcile() {
         is(e, "ERROR", "reconcile hung:")
             && e["object"].as_str().is_some_and(|o| o.contains("/after-"))
     });
-    assert!(late.is_empty(), "a reconcile after the outage hung: {late:#?}");
+    assert!(
+        late.is_empty(),
+        "a reconcile after the outage hung: {late:#?}"
+    );
 }

@@ -254,7 +254,6 @@ impl HangEvents {
         *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
         Ok(())
     }
-
 }
 
 impl crate::plug::HangReports for HangEvents {
@@ -279,7 +278,8 @@ impl crate::plug::HangReports for HangEvents {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => self.drops.one("the queue is full", Instant::now()),
             Err(TrySendError::Disconnected(_)) => {
-                self.drops.one("the events thread has stopped", Instant::now());
+                self.drops
+                    .one("the events thread has stopped", Instant::now());
             }
         }
     }
@@ -385,7 +385,9 @@ fn explain(state: HangState) -> &'static str {
     match state {
         HangState::Awaiting => "waiting on an await that never woke",
         HangState::InPoll => "stuck inside a poll (a blocking call, a lock or a busy loop)",
-        HangState::Starved => "starved: woken but not polled (a blocked worker or a stalled runtime)",
+        HangState::Starved => {
+            "starved: woken but not polled (a blocked worker or a stalled runtime)"
+        }
     }
 }
 
@@ -522,7 +524,9 @@ impl Writer {
                     self.write(&client, &mut book, &job, Instant::now()),
                 )
                 .await
-                .unwrap_or_else(|_| Err(format!("no answer within {}", fmt_duration(WRITE_TIMEOUT))))
+                .unwrap_or_else(|_| {
+                    Err(format!("no answer within {}", fmt_duration(WRITE_TIMEOUT)))
+                })
             });
             if let Err(error) = written {
                 let why = format!(
@@ -576,7 +580,11 @@ impl Writer {
                 Err(error) => return Err(super::error_chain(&error)),
             }
         }
-        let uid = job.objects.uid.as_ref().and_then(|uid| uid(namespace, name));
+        let uid = job
+            .objects
+            .uid
+            .as_ref()
+            .and_then(|uid| uid(namespace, name));
         let event = self.event(job, namespace, name, uid);
         let events_namespace = event.metadata.namespace.clone().unwrap_or_default();
         let events: Api<Event> = Api::namespaced(client.clone(), &events_namespace);
@@ -624,5 +632,248 @@ fn split(object: &ObjectKey) -> (Option<&str>, &str) {
     match object.as_str().split_once('/') {
         Some((namespace, name)) => (Some(namespace), name),
         None => (None, object.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ::kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    use ::kube::runtime::{reflector, watcher};
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+    use crate::guard::Outcome;
+    use crate::monitor::verdict::Action;
+    use crate::plug::HangReports;
+
+    fn key(object: &str) -> SeriesKey {
+        SeriesKey {
+            reason: Reason::Hung,
+            controller: "widgets".into(),
+            api_version: "example.com/v1".into(),
+            kind: "Widget".into(),
+            object: ObjectKey::namespaced("ns", object),
+        }
+    }
+
+    fn repeat(name: &str, count: i32) -> Write {
+        Write::Repeat {
+            namespace: "ns".into(),
+            name: name.into(),
+            count,
+        }
+    }
+
+    #[test]
+    fn a_repeat_joins_its_series_until_the_series_goes_quiet_for_six_minutes() {
+        let mut book = Book::default();
+        let t0 = Instant::now();
+        let (a, b) = (key("a"), key("b"));
+        assert_eq!(book.next(&a, t0), Write::Create);
+        book.created(a.clone(), "ns".into(), "a.1".into(), t0);
+        let t1 = t0 + Duration::from_secs(2);
+        assert_eq!(book.next(&a, t1), repeat("a.1", 2));
+        book.repeated(&a, 2, t1);
+        // Another object, or another reason on the same object, is another series.
+        assert_eq!(book.next(&b, t1), Write::Create);
+        let ended = SeriesKey {
+            reason: Reason::HangEnded,
+            ..a.clone()
+        };
+        assert_eq!(book.next(&ended, t1), Write::Create);
+        // The TTL counts from the series' last write, not its first.
+        let t2 = t1 + SERIES_TTL - Duration::from_millis(1);
+        assert_eq!(book.next(&a, t2), repeat("a.1", 3));
+        book.repeated(&a, 3, t2);
+        assert_eq!(book.next(&a, t2 + SERIES_TTL), Write::Create);
+        assert!(book.series.is_empty(), "quiet series are forgotten");
+    }
+
+    #[test]
+    fn a_series_whose_event_is_gone_starts_a_new_event() {
+        let mut book = Book::default();
+        let t0 = Instant::now();
+        let a = key("a");
+        book.created(a.clone(), "ns".into(), "a.1".into(), t0);
+        book.forget(&a);
+        assert_eq!(book.next(&a, t0), Write::Create);
+    }
+
+    #[test]
+    fn the_warning_about_drops_comes_once_a_minute_with_the_count_since_the_last() {
+        let mut warnings = DropWarnings::default();
+        let t0 = Instant::now();
+        assert_eq!(warnings.dropped(t0), Some(1));
+        assert_eq!(warnings.dropped(t0 + Duration::from_secs(1)), None);
+        assert_eq!(warnings.dropped(t0 + Duration::from_secs(59)), None);
+        assert_eq!(warnings.dropped(t0 + WARN_EVERY), Some(3));
+        assert_eq!(warnings.dropped(t0 + WARN_EVERY), None);
+    }
+
+    fn report<'a>(reported: Reported, object: &'a ObjectKey) -> HangReport<'a> {
+        HangReport {
+            reported,
+            controller: "widgets",
+            kind: "Widget",
+            object,
+            elapsed: Duration::from_millis(4_125),
+            deadline: Duration::from_secs(2),
+            state: Some(HangState::Awaiting),
+            action: Some(Action::FailLiveness),
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn notes_say_what_the_log_says_within_one_kilobyte() {
+        let object = ObjectKey::namespaced("ns", "a");
+        assert_eq!(
+            note(&report(Reported::Hung, &object)),
+            "reconcile by widgets has run 4s 125ms, past its 2s deadline; waiting on an await that never woke; failing liveness (restart)"
+        );
+        let ended = HangReport {
+            state: None,
+            action: None,
+            outcome: Some(Outcome::Error),
+            ..report(Reported::Ended, &object)
+        };
+        assert_eq!(
+            note(&ended),
+            "reconcile by widgets ended (error) after 4s 125ms, past its 2s deadline"
+        );
+        assert!(
+            note(&report(Reported::Cancelled, &object)).ends_with("the controller requeues it")
+        );
+        let long = "é".repeat(NOTE_LIMIT);
+        let long = HangReport {
+            controller: &long,
+            ..report(Reported::StillHung, &object)
+        };
+        let note = note(&long);
+        assert!(
+            note.len() <= NOTE_LIMIT && note.len() > NOTE_LIMIT - 2,
+            "{}",
+            note.len()
+        );
+    }
+
+    #[test]
+    fn reasons_and_types() {
+        let of = |r| {
+            let reason = Reason::of(r);
+            (reason.as_str(), reason.event_type())
+        };
+        assert_eq!(of(Reported::Hung), ("ReconcileHung", "Warning"));
+        assert_eq!(of(Reported::StillHung), ("ReconcileHung", "Warning"));
+        assert_eq!(of(Reported::Ended), ("ReconcileHangEnded", "Normal"));
+        assert_eq!(of(Reported::Cancelled), ("ReconcileCancelled", "Warning"));
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_and_unknown_controllers_get_nothing() {
+        // Not started: nothing takes from the queue.
+        let events = HangEvents::new("pod-0");
+        events.controller::<ConfigMap>("configmaps", &(), None);
+        let object = ObjectKey::namespaced("ns", "a");
+        let mut unknown = report(Reported::Hung, &object);
+        unknown.controller = "unregistered";
+        for _ in 0..QUEUE * 2 {
+            events.reported(&unknown);
+        }
+        assert_eq!(events.dropped(), 0, "an unknown controller queues nothing");
+        let known = HangReport {
+            controller: "configmaps",
+            ..unknown
+        };
+        for _ in 0..QUEUE {
+            events.reported(&known);
+        }
+        assert_eq!(events.dropped(), 0);
+        events.reported(&known);
+        events.reported(&known);
+        assert_eq!(events.dropped(), 2);
+    }
+
+    fn objects(events: &HangEvents, controller: &str) -> Arc<Objects> {
+        let objects = events.objects.read().unwrap();
+        Arc::clone(&objects[controller])
+    }
+
+    #[test]
+    fn the_regarded_object_has_its_controllers_api_version_and_kind_and_its_uid_from_the_cache() {
+        let events = HangEvents::new("pod-0");
+        // A kind known at run time.
+        let widgets = ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v2", "Widget"));
+        events.controller::<DynamicObject>("widgets", &widgets, None);
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let mut configmap = ConfigMap::default();
+        configmap.metadata.name = Some("app".into());
+        configmap.metadata.namespace = Some("prod".into());
+        configmap.metadata.uid = Some("uid-1".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(configmap));
+        events.controller::<ConfigMap>("configmaps", &(), Some(store));
+
+        let writer = Writer {
+            instance: "pod-0".into(),
+            stop: Arc::default(),
+            drops: Arc::default(),
+        };
+        let job = |controller: &str, object: ObjectKey| Job {
+            reason: Reason::Hung,
+            controller: controller.into(),
+            object,
+            objects: objects(&events, controller),
+            note: "a note".into(),
+        };
+        let widget = job("widgets", ObjectKey::cluster("w"));
+        let event = writer.event(&widget, None, "w", None);
+        let regarding = event.regarding.clone().unwrap();
+        assert_eq!(regarding.api_version.as_deref(), Some("example.com/v2"));
+        assert_eq!(regarding.kind.as_deref(), Some("Widget"));
+        assert_eq!(
+            (regarding.namespace, regarding.name.as_deref()),
+            (None, Some("w"))
+        );
+        // A cluster-scoped object's Events go to `default`.
+        assert_eq!(event.metadata.namespace.as_deref(), Some("default"));
+        assert!(event.metadata.name.unwrap().starts_with("w."));
+        assert_eq!(
+            event.reporting_controller.as_deref(),
+            Some("reconcile-watchdog")
+        );
+        assert_eq!(event.reporting_instance.as_deref(), Some("pod-0"));
+        assert_eq!(
+            (
+                event.type_.as_deref(),
+                event.reason.as_deref(),
+                event.action.as_deref()
+            ),
+            (Some("Warning"), Some("ReconcileHung"), Some("Reconcile"))
+        );
+        assert_eq!(event.note.as_deref(), Some("a note"));
+
+        let app = job("configmaps", ObjectKey::namespaced("prod", "app"));
+        let uid = app.objects.uid.as_ref().unwrap();
+        assert_eq!(uid(Some("prod"), "app").as_deref(), Some("uid-1"));
+        assert_eq!(uid(Some("prod"), "gone"), None);
+        let event = writer.event(&app, Some("prod"), "app", Some("uid-1".into()));
+        let regarding = event.regarding.unwrap();
+        assert_eq!(regarding.api_version.as_deref(), Some("v1"));
+        assert_eq!(regarding.uid.as_deref(), Some("uid-1"));
+        assert_eq!(event.metadata.namespace.as_deref(), Some("prod"));
+
+        let long = "x".repeat(253);
+        let name = writer
+            .event(&app, Some("prod"), &long, None)
+            .metadata
+            .name
+            .unwrap();
+        assert!(name.len() <= 253, "{}", name.len());
+    }
+
+    #[test]
+    fn object_keys_split_into_namespace_and_name() {
+        assert_eq!(split(&ObjectKey::namespaced("ns", "a")), (Some("ns"), "a"));
+        assert_eq!(split(&ObjectKey::cluster("a")), (None, "a"));
     }
 }
