@@ -89,7 +89,7 @@ pub enum Error {
 
 /// The Events' reasons.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
+enum Reason {
     /// `Warning` `ReconcileHung`: past its deadline; its reminders join its series.
     Hung,
     /// `Normal` `ReconcileHangEnded`: it ended after the hang.
@@ -100,8 +100,7 @@ pub enum Reason {
 
 impl Reason {
     /// The Event's reason.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
+    fn as_str(self) -> &'static str {
         match self {
             Self::Hung => "ReconcileHung",
             Self::HangEnded => "ReconcileHangEnded",
@@ -110,8 +109,7 @@ impl Reason {
     }
 
     /// The Event's type: `Warning` or `Normal`.
-    #[must_use]
-    pub fn event_type(self) -> &'static str {
+    fn event_type(self) -> &'static str {
         match self {
             Self::Hung | Self::Cancelled => "Warning",
             Self::HangEnded => "Normal",
@@ -354,9 +352,9 @@ impl DropWarnings {
     }
 }
 
-/// The note of an Event: what the log's line says, at most 1 kB.
-#[must_use]
-pub fn note(report: &HangReport<'_>) -> String {
+/// The note of an Event: what the log's line says, at most 1 kB. (What it waits on,
+/// once the report knows, is one more clause here.)
+fn note(report: &HangReport<'_>) -> String {
     let (elapsed, deadline) = (fmt_duration(report.elapsed), fmt_duration(report.deadline));
     let controller = report.controller;
     let mut note = match report.reported {
