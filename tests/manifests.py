@@ -21,6 +21,9 @@
    and spreads its replicas (soft anti-affinity or topology spread); a namespaced Role,
    bound to its service account, grants get, create, update and patch on its Lease; a
    PodDisruptionBudget keeps one replica.
+7. hang Events: the operator's service account may create and patch events.k8s.io
+   Events, and nothing else on any events (no read, no delete, no core/v1 events, no
+   wildcard), and the Deployment does not turn them off.
 """
 
 import copy
@@ -468,6 +471,48 @@ def check_ha():
     return failures
 
 
+def check_events():
+    """The service account's rights on events, through every binding that names it."""
+    failures = []
+    docs = all_documents()
+    (deployment,) = documents(MANIFESTS / "deployment.yaml")
+    pod = deployment["spec"]["template"]["spec"]
+    account, namespace = pod.get("serviceAccountName"), deployment["metadata"]["namespace"]
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+             for d in docs if d.get("kind") in ("Role", "ClusterRole")}
+    granted = {}
+    for binding in docs:
+        if binding.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                   and s.get("namespace", binding["metadata"].get("namespace")) == namespace
+                   for s in binding.get("subjects") or []):
+            continue
+        ref = binding["roleRef"]
+        scope = None if ref["kind"] == "ClusterRole" else binding["metadata"].get("namespace")
+        role = roles.get((ref["kind"], scope, ref["name"])) or {}
+        for rule in role.get("rules") or []:
+            resources = rule.get("resources", [])
+            if "events" not in resources and "*" not in resources:
+                continue
+            for group in rule.get("apiGroups", []):
+                granted.setdefault(group, set()).update(rule.get("verbs", []))
+    if granted.get("events.k8s.io") != {"create", "patch"}:
+        failures.append(f"rbac: {account} gets {sorted(granted.get('events.k8s.io', []))} on "
+                        "events.k8s.io events, want exactly create and patch")
+    extra = {group: sorted(verbs) for group, verbs in granted.items() if group != "events.k8s.io"}
+    if extra:
+        failures.append(f"rbac: {account} gets more on events than hang Events need: {extra}")
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container.get("env") or []}
+    if "--hang-events=false" in (container.get("args") or []) or \
+            env.get("RECONCILE_WATCHDOG_HANG_EVENTS") == "false":
+        failures.append("deployment: hang Events are turned off")
+    if not failures:
+        print("ok   hang Events: create and patch on events.k8s.io events, nothing more")
+    return failures
+
+
 def main():
     checks = [
         ("kustomization", check_kustomization),
@@ -476,6 +521,7 @@ def main():
         ("hadolint", check_hadolint),
         ("flags", check_flags),
         ("high availability", check_ha),
+        ("hang events", check_events),
     ]
     failed = 0
     for name, check in checks:

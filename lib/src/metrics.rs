@@ -242,6 +242,27 @@ impl EncodeMetric for DurationHistogram {
     }
 }
 
+/// `reconcile_watchdog_events_dropped_total`, read at scrape time from what the hang
+/// reports are plugged into; absent when nothing is.
+#[derive(Clone, Debug, Default)]
+struct EventsDropped(Arc<OnceLock<Arc<dyn crate::plug::HangReports>>>);
+
+impl Collector for EventsDropped {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(reports) = self.0.get() else {
+            return Ok(());
+        };
+        let metric = ConstCounter::new(reports.dropped());
+        let family = encoder.encode_descriptor(
+            "events_dropped",
+            "Hang reports not published as Events (their queue was full, or the API server did not take them in time)",
+            None,
+            metric.metric_type(),
+        )?;
+        metric.encode(family)
+    }
+}
+
 /// The labelled families, kept to create each controller's series from.
 #[derive(Debug)]
 struct Families {
@@ -323,6 +344,7 @@ pub struct Metrics {
     health: Arc<Health>,
     api_server: Arc<ApiServerStatus>,
     watch_ages: WatchAges,
+    events_dropped: EventsDropped,
 }
 
 impl Metrics {
@@ -358,6 +380,7 @@ impl Metrics {
             health,
             api_server,
             watch_ages: WatchAges::default(),
+            events_dropped: EventsDropped::default(),
         };
         let mut own = prometheus_client::registry::Registry::with_prefix(PREFIX);
         metrics.register_all(&mut own);
@@ -440,6 +463,7 @@ impl Metrics {
         registry.register_collector(Box::new(self.leader.renewal_age.clone()));
         registry.register_collector(Box::new(StuckStackCaptures));
         registry.register_collector(Box::new(self.watch_ages.clone()));
+        registry.register_collector(Box::new(self.events_dropped.clone()));
     }
 
     /// The whole exposition in the OpenMetrics text format, `# EOF` included.
@@ -515,6 +539,12 @@ impl Metrics {
     /// Only the first call counts.
     pub(crate) fn serve_watch_ages(&self, watches: Arc<dyn crate::plug::WatchAges>) {
         let _ = self.watch_ages.0.set(watches);
+    }
+
+    /// Serves `reconcile_watchdog_events_dropped_total` from `reports`, read at each
+    /// scrape. Only the first call counts.
+    pub(crate) fn serve_events_dropped(&self, reports: Arc<dyn crate::plug::HangReports>) {
+        let _ = self.events_dropped.0.set(reports);
     }
 
     /// Runs `f` on the series of `controller`, creating them on first sight. The common

@@ -1,18 +1,22 @@
 //! The seams that the kube integration plugs into: the core knows no Kubernetes, only
-//! these two traits.
+//! these three traits.
 //!
 //! A [`Watchdog`](crate::Watchdog) takes an [`ApiServerCheck`] (so that an API outage
-//! fails readiness, not liveness) and [`WatchAges`] (so that a silent watch fails
-//! readiness and shows in the metrics) from its [`Builder`](crate::Builder). The kube
-//! integration's `kube::ApiServerCheck` and `kube::watches::Watches` are the ones this
-//! crate ships; anything else that can tell the same may be plugged in instead.
+//! fails readiness, not liveness), [`WatchAges`] (so that a silent watch fails
+//! readiness and shows in the metrics) and [`HangReports`] (so that what the log says
+//! of a hung reconcile also reaches where its users look) from its
+//! [`Builder`](crate::Builder). The kube integration's `kube::ApiServerCheck`,
+//! `kube::watches::Watches` and `kube::events::HangEvents` are the ones this crate
+//! ships; anything else that can tell the same may be plugged in instead.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::guard::{ObjectKey, Outcome};
 use crate::health::Health;
-use crate::monitor::ApiServerStatus;
+use crate::monitor::verdict::{Action, Event};
+use crate::monitor::{ApiServerStatus, HangState, Observer, Scan};
 
 /// Checks whether the API server answers at all and records each answer into its
 /// [`ApiServerStatus`], which the monitor, the `api-server` readiness check and the
@@ -47,4 +51,261 @@ pub trait WatchAges: Send + Sync + fmt::Debug + 'static {
 
     /// Every expected watch and its age at `now`.
     fn ages(&self, now: Instant) -> Vec<WatchAge>;
+}
+
+/// Which per-reconcile line of the hang report a [`HangReport`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reported {
+    /// It crossed its deadline (the log's ERROR `reconcile hung`).
+    Hung,
+    /// It crossed one more multiple of its deadline (the WARN reminder).
+    StillHung,
+    /// It ended after it was reported hung.
+    Ended,
+    /// It ended after it was reported hung, cancelled by the watchdog (`--on-hang
+    /// cancel`); its controller requeues it.
+    Cancelled,
+}
+
+/// One per-reconcile line of the hang report, as the log got it.
+#[derive(Clone, Copy, Debug)]
+pub struct HangReport<'a> {
+    /// Which line.
+    pub reported: Reported,
+    /// The controller that runs the reconcile.
+    pub controller: &'a str,
+    /// The kind of the object reconciled.
+    pub kind: &'a str,
+    /// The object reconciled.
+    pub object: &'a ObjectKey,
+    /// How long it had run (in all, once it ended).
+    pub elapsed: Duration,
+    /// Its deadline.
+    pub deadline: Duration,
+    /// Where it is stuck, while it is.
+    pub state: Option<HangState>,
+    /// What the policy did, while it is stuck.
+    pub action: Option<Action>,
+    /// How it ended, once it did.
+    pub outcome: Option<Outcome>,
+}
+
+/// Told of every per-reconcile line of the hang report (hung, still hung, ended) that
+/// the log got, so within the log's budget: a mass hang tells it no more than the log
+/// writes. Called on the monitor thread, so it must neither block nor wait: hand the
+/// report on (to a bounded queue) and return.
+pub trait HangReports: Send + Sync + fmt::Debug + 'static {
+    /// One line of the report.
+    fn reported(&self, report: &HangReport<'_>);
+
+    /// How many reports it could not pass on so far (a full queue, a destination that
+    /// does not answer): `reconcile_watchdog_events_dropped_total`.
+    fn dropped(&self) -> u64;
+}
+
+/// The per-reconcile lines among a scan's `events`, as reports at `now` (the scan's
+/// moment, for the elapsed time of those still in flight).
+pub(crate) fn hang_reports(events: &[Event], now: Instant) -> impl Iterator<Item = HangReport<'_>> {
+    events.iter().filter_map(move |event| match event {
+        Event::Hung {
+            reconcile,
+            state,
+            action,
+        }
+        | Event::StillHung {
+            reconcile,
+            state,
+            action,
+            ..
+        } => Some(HangReport {
+            reported: if matches!(event, Event::Hung { .. }) {
+                Reported::Hung
+            } else {
+                Reported::StillHung
+            },
+            controller: &reconcile.controller,
+            kind: &reconcile.kind,
+            object: &reconcile.object,
+            elapsed: reconcile.elapsed(now),
+            deadline: reconcile.deadline,
+            state: Some(*state),
+            action: Some(*action),
+            outcome: None,
+        }),
+        Event::Ended(end) => Some(HangReport {
+            reported: if end.outcome == Outcome::Cancelled {
+                Reported::Cancelled
+            } else {
+                Reported::Ended
+            },
+            controller: &end.reconcile.controller,
+            kind: &end.reconcile.kind,
+            object: &end.reconcile.object,
+            elapsed: end.elapsed,
+            deadline: end.reconcile.deadline,
+            state: None,
+            action: None,
+            outcome: Some(end.outcome),
+        }),
+        _ => None,
+    })
+}
+
+/// Hands each scan's hang report lines to a [`HangReports`].
+#[derive(Debug)]
+pub(crate) struct ReportsObserver(pub(crate) Arc<dyn HangReports>);
+
+impl Observer for ReportsObserver {
+    fn scanned(&self, scan: &Scan<'_>) {
+        // The scan began `took` ago: its moment, as the log's lines have it.
+        let now = Instant::now()
+            .checked_sub(scan.took)
+            .unwrap_or_else(Instant::now);
+        for report in hang_reports(&scan.decision.events, now) {
+            self.0.reported(&report);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::guard::{Ended, InFlight, PollState};
+    use crate::monitor::verdict::{Summary, SummaryKind};
+
+    fn reconcile(object: &str, started: Instant) -> InFlight {
+        InFlight {
+            id: 1,
+            controller: "widgets".into(),
+            kind: "Widget".into(),
+            object: ObjectKey::namespaced("ns", object),
+            deadline: Duration::from_secs(2),
+            started,
+            started_at: SystemTime::UNIX_EPOCH,
+            polls: 1,
+            poll: PollState::Awaiting,
+            last_poll_began: Some(started),
+            thread: None,
+            task_id: None,
+            cancel_requested: false,
+        }
+    }
+
+    #[test]
+    fn the_per_reconcile_lines_become_reports_and_nothing_else_does() {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(5);
+        let ended = |object, outcome| {
+            Event::Ended(Ended {
+                reconcile: reconcile(object, t0),
+                elapsed: Duration::from_secs(7),
+                outcome,
+            })
+        };
+        let events = [
+            Event::Hung {
+                reconcile: reconcile("a", t0),
+                state: HangState::Awaiting,
+                action: Action::FailLiveness,
+            },
+            Event::Summary(Summary {
+                kind: SummaryKind::Hung,
+                count: 140,
+                by_group: "widgets awaiting 140".into(),
+            }),
+            Event::StillHung {
+                reconcile: reconcile("b", t0),
+                state: HangState::InPoll,
+                deadlines: 2,
+                action: Action::ReportOnly,
+            },
+            ended("c", Outcome::Ok),
+            ended("d", Outcome::Cancelled),
+            Event::RuntimeRecovered {
+                stalled_for: Duration::from_secs(3),
+            },
+        ];
+        let reports: Vec<_> = hang_reports(&events, now).collect();
+        let what: Vec<_> = reports
+            .iter()
+            .map(|r| (r.reported, r.object.as_str(), r.elapsed))
+            .collect();
+        let (five, seven) = (Duration::from_secs(5), Duration::from_secs(7));
+        assert_eq!(
+            what,
+            [
+                (Reported::Hung, "ns/a", five),
+                (Reported::StillHung, "ns/b", five),
+                (Reported::Ended, "ns/c", seven),
+                (Reported::Cancelled, "ns/d", seven),
+            ]
+        );
+        assert_eq!(reports[1].state, Some(HangState::InPoll));
+        assert_eq!(reports[1].action, Some(Action::ReportOnly));
+        assert_eq!(
+            (reports[0].controller, reports[0].kind),
+            ("widgets", "Widget")
+        );
+        assert_eq!(reports[0].deadline, Duration::from_secs(2));
+        assert_eq!(
+            (reports[2].state, reports[2].outcome),
+            (None, Some(Outcome::Ok))
+        );
+    }
+
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<(Reported, String)>>);
+
+    impl HangReports for Recorder {
+        fn reported(&self, report: &HangReport<'_>) {
+            let mut seen = self.0.lock().unwrap();
+            seen.push((report.reported, report.object.to_string()));
+        }
+
+        fn dropped(&self) -> u64 {
+            7
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_watchdog_tells_what_it_plugged_in_of_a_hang_and_its_end_and_counts_its_drops() {
+        let recorder = Arc::new(Recorder::default());
+        let watchdog = crate::Watchdog::builder()
+            .deadlines(Duration::from_millis(50))
+            .interval(Duration::from_millis(10))
+            .collect_metrics()
+            .hang_reports(recorder.clone())
+            .start()
+            .unwrap();
+        let reported = |what| {
+            let seen = recorder.0.lock().unwrap();
+            seen.contains(&(what, "ns/stuck".to_owned()))
+        };
+        let eventually = |what| {
+            let start = Instant::now();
+            while !reported(what) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "never told {what:?}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let guard = watchdog
+            .registry()
+            .controller("widgets", "Widget")
+            .register(ObjectKey::namespaced("ns", "stuck"));
+        eventually(Reported::Hung);
+        drop(guard);
+        eventually(Reported::Ended);
+        let text = watchdog.metrics().unwrap().encode();
+        assert!(
+            text.contains("\nreconcile_watchdog_events_dropped_total 7\n"),
+            "{text}"
+        );
+    }
 }

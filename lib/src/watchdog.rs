@@ -11,7 +11,7 @@ use crate::health::{FnCheck, Health};
 #[cfg(feature = "metrics")]
 use crate::metrics::Metrics;
 use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
-use crate::plug::{ApiServerCheck, WatchAges};
+use crate::plug::{ApiServerCheck, HangReports, ReportsObserver, WatchAges};
 use crate::probes::{self, DebugViews, HttpServer, Probes};
 
 /// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
@@ -57,6 +57,7 @@ pub struct Builder {
     diagnostics: monitor::Diagnostics,
     api_server: Option<Arc<dyn ApiServerCheck>>,
     watches: Option<Arc<dyn WatchAges>>,
+    hang_reports: Option<Arc<dyn HangReports>>,
     debug_address: Option<SocketAddr>,
     reasons_to_all_peers: bool,
     near_miss_share: Option<f64>,
@@ -197,6 +198,17 @@ impl Builder {
         self
     }
 
+    /// Plugs in where the hang report's per-reconcile lines go besides the log (the
+    /// kube integration's `kube::events::HangEvents`: Events on the hung objects). It
+    /// gets the lines the log gets, within the same budget
+    /// ([`report_budget`](Self::report_budget)), on the monitor thread. Without one
+    /// (the default), the log alone has them.
+    #[must_use]
+    pub fn hang_reports(mut self, reports: Arc<dyn HangReports>) -> Self {
+        self.hang_reports = Some(reports);
+        self
+    }
+
     /// A reconcile that ends on time after more than `share` (between 0 and 1) of its
     /// deadline is a near miss: logged (rate-limited) and counted (default 0.8; `None`
     /// turns near misses off).
@@ -238,12 +250,22 @@ impl Builder {
                 heartbeat_period(self.monitor.interval).max(MIN_HEARTBEAT_PERIOD),
             )
         });
+        let mut scan_observers: Vec<Arc<dyn monitor::Observer>> = Vec::new();
         #[cfg(feature = "metrics")]
-        let scan_observer = metrics
-            .clone()
-            .map(|metrics| metrics as Arc<dyn monitor::Observer>);
-        #[cfg(not(feature = "metrics"))]
-        let scan_observer = None;
+        if let Some(metrics) = &metrics {
+            scan_observers.push(metrics.clone());
+            if let Some(reports) = &self.hang_reports {
+                metrics.serve_events_dropped(Arc::clone(reports));
+            }
+        }
+        if let Some(reports) = &self.hang_reports {
+            scan_observers.push(Arc::new(ReportsObserver(Arc::clone(reports))));
+        }
+        let scan_observer: Option<Arc<dyn monitor::Observer>> = match scan_observers.len() {
+            0 => None,
+            1 => scan_observers.pop(),
+            _ => Some(Arc::new(ScanObservers(scan_observers))),
+        };
         let mut monitor_config = self.monitor;
         if let Some(check) = &self.api_server {
             monitor_config.api_server_confirm_within =
@@ -304,6 +326,7 @@ impl Builder {
         Ok(Watchdog {
             _api_server: self.api_server,
             _watches: self.watches,
+            _hang_reports: self.hang_reports,
             advisor,
             registry,
             health,
@@ -325,6 +348,7 @@ pub struct Watchdog {
     /// stops when its last owner drops it.
     _api_server: Option<Arc<dyn ApiServerCheck>>,
     _watches: Option<Arc<dyn WatchAges>>,
+    _hang_reports: Option<Arc<dyn HangReports>>,
     advisor: Arc<Advisor>,
     registry: Registry,
     health: Arc<Health>,
@@ -353,6 +377,7 @@ impl Watchdog {
             diagnostics: monitor::Diagnostics::default(),
             api_server: None,
             watches: None,
+            hang_reports: None,
             debug_address: None,
             reasons_to_all_peers: false,
             near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
@@ -408,5 +433,16 @@ impl Watchdog {
     #[must_use]
     pub fn debug_address(&self) -> Option<SocketAddr> {
         self.debug_server.as_ref().map(HttpServer::local_addr)
+    }
+}
+
+/// Every scan observer the builder set up, told in turn.
+struct ScanObservers(Vec<Arc<dyn monitor::Observer>>);
+
+impl monitor::Observer for ScanObservers {
+    fn scanned(&self, scan: &monitor::Scan<'_>) {
+        for observer in &self.0 {
+            observer.scanned(scan);
+        }
     }
 }

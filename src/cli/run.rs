@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::flags::{Defaults, WatchdogArgs};
 use super::logging;
 use crate::operator::{self, Context};
+use reconcile_watchdog::kube::events::HangEvents;
 use reconcile_watchdog::kube::leader::{self, LeaderElection};
 use reconcile_watchdog::kube::watches::Watches;
 use reconcile_watchdog::kube::{ApiServerCheck, Controllers, error_chain};
@@ -26,6 +27,10 @@ pub struct RunArgs {
     /// Honour the watchdog.example.com/fault annotation (hang, block, panic, sleep=DURATION), to fire-drill the probes
     #[arg(long, env = "RECONCILE_WATCHDOG_ENABLE_FAULT_INJECTION")]
     pub enable_fault_injection: bool,
+
+    /// Publish hang reports as Events on the hung objects (ReconcileHung, ReconcileHangEnded, ReconcileCancelled), within the hang report budget; false disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_HANG_EVENTS", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub hang_events: bool,
 
     /// Watch ConfigTemplates in this namespace only (default: every namespace)
     #[arg(long, env = "RECONCILE_WATCHDOG_NAMESPACE", value_name = "NAMESPACE")]
@@ -211,10 +216,13 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         .enable_all()
         .build()
         .map_err(Error::Runtime)?;
-    // The kube integration plugs into the watchdog: the API server check and the
-    // watches' ages.
+    // The kube integration plugs into the watchdog: the API server check, the
+    // watches' ages and the hang Events.
     let api_server = args.watchdog.api_server_check().map(ApiServerCheck::every);
     let watches = Watches::new(args.watchdog.watch_stall());
+    let hang_events = args
+        .hang_events
+        .then(|| HangEvents::new(HangEvents::instance_from_env()));
     let mut builder = args
         .watchdog
         .builder(Defaults::RUN)
@@ -222,6 +230,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         .watches(watches.clone());
     if let Some(api_server) = &api_server {
         builder = builder.api_server(api_server.clone());
+    }
+    if let Some(hang_events) = &hang_events {
+        builder = builder.hang_reports(hang_events.clone());
     }
     let watchdog = builder.start()?;
     if let Some(addr) = watchdog.probe_address() {
@@ -257,6 +268,10 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             if let Some(Err(error)) = api_server.map(|check| check.watch(config.clone())) {
                 tracing::error!(error = %error_chain(&error), "the API server check did not start");
             }
+            // Events from a thread, runtime and client of their own.
+            if let Some(Err(error)) = hang_events.as_ref().map(|e| e.start(config.clone())) {
+                tracing::error!(error = %error_chain(&error), "the hang Events did not start");
+            }
             // No read timeout (kube's default): the reference operator lets a request that
             // never returns hang, to show the watchdog catching it. An operator of your own
             // should set one; the watchdog is the backstop (docs/embedding.md).
@@ -272,6 +287,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             match mode {
                 Mode::Alone(controllers) => {
                     operator::expect_watches(&watches);
+                    let controllers = with_hang_events(controllers, hang_events);
                     operator::add_to(controllers, ctx, namespace.as_deref())
                         .run()
                         .await;
@@ -283,6 +299,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                         operator::expect_watches(&watches);
                         let controllers = Controllers::with_parts(registry, &health, until)
                             .only_while(leadership);
+                        let controllers = with_hang_events(controllers, hang_events.clone());
                         operator::add_to(controllers, ctx, namespace.as_deref()).run()
                     };
                     election.run(client, election_shutdown, lead).await?;
@@ -302,4 +319,12 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
     // Reconciles still hung must not hold the process.
     runtime.shutdown_background();
     code
+}
+
+/// `controllers`, publishing hang Events through `events` when they are on.
+fn with_hang_events(controllers: Controllers, events: Option<Arc<HangEvents>>) -> Controllers {
+    match events {
+        Some(events) => controllers.hang_events(events),
+        None => controllers,
+    }
 }

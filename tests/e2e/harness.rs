@@ -147,6 +147,15 @@ impl Emulator {
         );
     }
 
+    /// How many writes (POST, PATCH) to events.k8s.io Events it has seen, held or not.
+    pub fn event_writes(&self) -> u64 {
+        let addr = self.url.trim_start_matches("http://").parse().unwrap();
+        let response = support::request(addr, "GET", "/_emulator/event-writes")
+            .expect("the emulator does not answer");
+        assert_eq!(response.status, 200, "event-writes: {}", response.body);
+        response.body.trim().parse().expect("a count")
+    }
+
     /// The whole API server stops answering (discovery and `/version` included), or
     /// (`false`) answers everything it held.
     pub fn outage(&self, out: bool) {
@@ -293,6 +302,23 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("cannot create ConfigTemplate {name}: {e}"))
     }
 
+    /// The events.k8s.io Events in the namespace about the object `name`.
+    pub fn events_about(&self, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        self.runtime
+            .block_on(events.list(&Default::default()))
+            .map(|list| list.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| {
+                e.regarding
+                    .as_ref()
+                    .is_some_and(|r| r.name.as_deref() == Some(name))
+            })
+            .collect()
+    }
+
     /// Whether `name` has its ConfigMap, owned by it, and a Ready status for its
     /// generation.
     pub fn reconciled(&self, name: &str) -> bool {
@@ -365,13 +391,16 @@ pub struct Operator {
 
 impl Operator {
     /// Runs `run` against `cluster`'s kubeconfig with reconcile `deadline`, a 250 ms
-    /// watchdog interval and `extra` flags.
+    /// watchdog interval and `extra` flags (no metrics server unless they ask for one).
     pub fn start(cluster: &Cluster, deadline: Duration, extra: &[&str]) -> Self {
         let deadline = format!("{}ms", deadline.as_millis());
         let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let probe_flag = probes.to_string();
         let mut args = vec!["run", "--health-probe-bind-address", &probe_flag];
-        args.extend(["--metrics-bind-address", "0", "--log-format", "json"]);
+        if !extra.contains(&"--metrics-bind-address") {
+            args.extend(["--metrics-bind-address", "0"]);
+        }
+        args.extend(["--log-format", "json"]);
         let debug: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let debug_flag = debug.to_string();
         args.extend(["--debug-bind-address", &debug_flag]);

@@ -4,6 +4,7 @@
 //! Tests named `emulator_*` need the emulator: they black-hole requests or start the
 //! API server late. Against a real cluster, run with `-- --skip emulator_`.
 
+mod events;
 mod ha;
 mod harness;
 mod mass;

@@ -180,6 +180,20 @@ fn emulator_150_black_holed_objects_keep_probes_and_logs_bounded() {
         "{} ERROR/WARN lines for {OBJECTS} hangs: {loud:#?}",
         loud.len()
     );
+    // Their Events (issue 24) are the log's per-reconcile lines, so the same budget
+    // bounds them: one write (a create, or a series patch) per line at most.
+    // (Writes first: each follows its line, so lines read after them are at least as many.)
+    let writes = cluster.emulator().event_writes();
+    let per_reconcile = loud_watchdog_lines(&operator)
+        .iter()
+        .filter(|e| is(e, "ERROR", "reconcile hung:") || is(e, "WARN", "reconcile still hung:"))
+        .count();
+    eprintln!("{writes} Event writes for {per_reconcile} per-reconcile lines");
+    assert!(writes > 0, "no hang Event was written");
+    assert!(
+        usize::try_from(writes).unwrap() <= per_reconcile.min(budget),
+        "{writes} Event writes, over {per_reconcile} per-reconcile lines or the budget of {budget}"
+    );
 
     let released = Instant::now();
     cluster.emulator().release_prefix("mass-");

@@ -27,6 +27,11 @@ a real API server sends one about every minute, kmock none), and can be held:
                                            bookmark) until released
     POST /_emulator/release-watches/all    they deliver again
 
+Events (events.k8s.io/v1, issue 24) are stored like any object; every write to them
+(POST or PATCH, held or not) is counted as it arrives:
+
+    GET /_emulator/event-writes            how many, as a decimal number
+
 Leases (coordination.k8s.io/v1) have optimistic concurrency, as leader election needs:
 a create of an existing Lease is 409 AlreadyExists, and a patch whose body carries a
 metadata.resourceVersion other than the stored one is 409 Conflict (checked and
@@ -59,6 +64,10 @@ RESOURCES = {
     # resourceVersion precondition (see Leases below).
     'coordination.k8s.io/v1/leases': kmock.ResourceInfo(
         kind='Lease', namespaced=True,
+        verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
+    # Hang Events (`run --hang-events`): created, and patched as a series repeats.
+    'events.k8s.io/v1/events': kmock.ResourceInfo(
+        kind='Event', namespaced=True,
         verbs={'get', 'list', 'watch', 'create', 'patch', 'delete'}),
     # What the tests' real-cluster set-up touches, so that it can run against this too.
     'apiextensions.k8s.io/v1/customresourcedefinitions': kmock.ResourceInfo(
@@ -104,9 +113,14 @@ class Emulator(kmock.KubernetesEmulator):
     bookmark_every: float = 1.0
     # Closed while watches are held: every watch waits at it before it delivers.
     _watches: Gate = attrs.field(factory=Gate, init=False)
+    # Writes (POST, PATCH) to events.k8s.io Events so far, counted as they arrive.
+    _event_writes: int = attrs.field(default=0, init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if not raw_request.path.startswith(CONTROL_PREFIX):
+            if (raw_request.path.startswith('/apis/events.k8s.io/')
+                    and raw_request.method in ('POST', 'PATCH')):
+                self._event_writes += 1
             await self._wait_out_holds(raw_request.path)
         # kmock 0.8 cannot parse /api/v1/namespaces (it reads "namespaces" as the start of
         # a namespaced path), so namespaces are answered here: accepted, never stored.
@@ -147,7 +161,8 @@ class Emulator(kmock.KubernetesEmulator):
         path = request.url.path
         if path.startswith(CONTROL_PREFIX):
             return self._control(request, path[len(CONTROL_PREFIX):])
-        for name, released in self._holes.items():
+        # A copy: a release removes its hole while held requests still iterate.
+        for name, released in list(self._holes.items()):
             if name in path.split('/'):
                 await released.wait()
         if _is_lease_write(request):
@@ -205,6 +220,8 @@ class Emulator(kmock.KubernetesEmulator):
 
     def _control(self, request: kmock.Request, command: str) -> aiohttp.web.StreamResponse:
         verb, _, name = command.partition('/')
+        if request.method == kmock.method.GET and command == 'event-writes':
+            return aiohttp.web.Response(text=f'{self._event_writes}\n')
         if request.method == kmock.method.POST and name:
             answered = self._control_holds(verb, name)
             if answered is not None:

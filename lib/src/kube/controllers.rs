@@ -14,6 +14,7 @@ use futures::{FutureExt, StreamExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use super::events::HangEvents;
 use super::leader::Leadership;
 use super::log;
 use super::reconciler::guarded;
@@ -31,6 +32,7 @@ pub struct Controllers {
     latch: Arc<Latch>,
     shutdown: CancellationToken,
     leadership: Option<Leadership>,
+    hang_events: Option<Arc<HangEvents>>,
     names: Vec<String>,
     runs: Vec<BoxFuture<'static, ()>>,
     synced: Vec<BoxFuture<'static, bool>>,
@@ -59,6 +61,7 @@ impl Controllers {
                 .readiness_latch(INFORMER_SYNC, "the controllers' stores have not synced yet"),
             shutdown,
             leadership: None,
+            hang_events: None,
             names: Vec::new(),
             runs: Vec::new(),
             synced: Vec::new(),
@@ -71,6 +74,16 @@ impl Controllers {
     /// it before [`add`](Self::add).
     pub fn only_while(mut self, leadership: Leadership) -> Self {
         self.leadership = Some(leadership);
+        self
+    }
+
+    /// Publishes the hang reports of the controllers added from now on as Events on
+    /// their objects, through `events` (which the watchdog's builder took with
+    /// [`hang_reports`](crate::Builder::hang_reports)): each controller tells it its
+    /// objects' API version and kind, and its cache, for their uid. Call it before
+    /// [`add`](Self::add).
+    pub fn hang_events(mut self, events: Arc<HangEvents>) -> Self {
+        self.hang_events = Some(events);
         self
     }
 
@@ -98,17 +111,23 @@ impl Controllers {
         E: std::error::Error + From<guard::Error> + Send + 'static,
         P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
     {
-        let kind = K::kind(&K::DynamicType::default()).into_owned();
-        self.add_with(name, &kind, controller, reconcile, error_policy, context)
+        self.add_with(
+            name,
+            &K::DynamicType::default(),
+            controller,
+            reconcile,
+            error_policy,
+            context,
+        )
     }
 
-    /// Like [`add`](Self::add), for a resource whose kind is known at run time (a
-    /// `DynamicObject` with its `ApiResource`, say): `kind` is what reports and metrics
-    /// call it, for instance `api_resource.kind`.
+    /// Like [`add`](Self::add), for a resource whose type is known at run time: a
+    /// `DynamicObject` with its `ApiResource` as `dyntype`, say. Reports and metrics
+    /// call it by its kind, and its Events name its API version and kind.
     pub fn add_with<K, Ctx, R, Fut, E, P>(
         mut self,
         name: &str,
-        kind: &str,
+        dyntype: &K::DynamicType,
         controller: Controller<K>,
         mut reconcile: R,
         error_policy: P,
@@ -123,9 +142,12 @@ impl Controllers {
         E: std::error::Error + From<guard::Error> + Send + 'static,
         P: Fn(Arc<K>, &E, Arc<Ctx>) -> Action + Send + Sync + 'static,
     {
-        let kind = kind.to_owned();
+        let kind = K::kind(dyntype).into_owned();
         let handle = self.registry.controller(name, &kind);
         let store = controller.store();
+        if let Some(events) = &self.hang_events {
+            events.controller(name, dyntype, Some(store.clone()));
+        }
         let shutdown = self.shutdown.clone();
         let leadership = self.leadership.clone();
         // The lease gate runs inside the guard, so a reconcile refused for want of the

@@ -21,6 +21,7 @@
 
 pub mod apiserver;
 mod controllers;
+pub mod events;
 pub mod leader;
 mod log;
 mod reconciler;
