@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The library as an embedder gets it (.ci/test runs this): each documented feature
+# combination builds on its own, the crate packages and its .crate builds by itself, and
+# its public API is the one listed in lib/public-api.txt.
+#
+#   bash tests/library.sh                      # the checks
+#   bash tests/library.sh --update-public-api  # rewrite lib/public-api.txt after a
+#                                              # deliberate change of the public API
+#
+# The downstream example (examples/downstream/) is a workspace member, so the
+# workspace-wide clippy of .ci/run and build of .ci/test already compile it as an
+# operator would; nothing here builds it again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+
+# The library enables no k8s-openapi version feature (kube-rs asks that of libraries: the
+# operator's binary picks the Kubernetes version), so building it alone needs one named.
+# 1.37 is the `latest` the binary and the example enable: one version, no conflict.
+export K8S_OPENAPI_ENABLED_VERSION=1.37
+
+public_api() {
+    # rustdoc's JSON output is unstable, hence RUSTC_BOOTSTRAP; default features, as
+    # `reconcile-watchdog = "0.1"` builds.
+    RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet --locked -p reconcile-watchdog --lib \
+        -- -Z unstable-options --output-format json
+    python3 tests/public_api.py "$target/doc/reconcile_watchdog.json"
+}
+
+if [[ "${1:-}" == "--update-public-api" ]]; then
+    public_api > lib/public-api.txt
+    echo "lib/public-api.txt: $(wc -l < lib/public-api.txt) public items"
+    exit 0
+fi
+
+# A check proves that a combination compiles; warnings are errors for the library alone
+# (`cargo rustc` passes -D warnings to it, not to its dependencies, whose builds stay
+# shared), so an import unused without some feature fails here.
+# Every combination is tried, so one run names all that fail.
+failed=()
+while read -r features; do
+    echo "library features: ${features:-default}"
+    # shellcheck disable=SC2086 # the flags are words
+    cargo rustc --quiet --locked -p reconcile-watchdog --lib --profile check $features \
+        -- -D warnings || failed+=("${features:-default}")
+done <<'EOF'
+--no-default-features
+--no-default-features --features kube
+--no-default-features --features metrics
+--no-default-features --features stack-capture
+
+--all-features
+EOF
+if ((${#failed[@]})); then
+    printf 'the library does not build with: %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+
+# The check above cannot see a version feature enabled by the library or anything it
+# pulls in (the variable and the feature would agree on 1.37): the resolved features can.
+k8s_features="$(cargo tree --locked -p reconcile-watchdog --all-features -e normal \
+    --prefix none -f '{p}|{f}' | grep '^k8s-openapi ' | sort -u)"
+if grep -qE '[|,](v1_[0-9]+|latest|earliest)' <<<"$k8s_features"; then
+    echo "the library enables a k8s-openapi version feature: $k8s_features" >&2
+    exit 1
+fi
+
+# `cargo package` verifies by default: it unpacks the .crate and builds it with default
+# features outside the workspace's sources, as a user's cargo would from the registry.
+# Its "Verifying" line is checked so that a `--no-verify` slipped in here cannot pass.
+# --allow-dirty: what is packaged is the working tree under test.
+package_log="$(mktemp)"
+trap 'rm -f "$package_log"' EXIT
+if ! cargo package --locked -p reconcile-watchdog --allow-dirty >"$package_log" 2>&1; then
+    cat "$package_log" >&2
+    exit 1
+fi
+if ! grep -q '^ *Verifying reconcile-watchdog ' "$package_log" \
+    || ! grep -q '^ *Compiling reconcile-watchdog .*package' "$package_log"; then
+    cat "$package_log" >&2
+    echo "cargo package did not build the packaged crate" >&2
+    exit 1
+fi
+echo "packaged: $(ls "$target"/package/reconcile-watchdog-*.crate)"
+
+# The public API: an item made `pub` by accident fails here until the listing says so.
+listed="$(mktemp)"
+trap 'rm -f "$package_log" "$listed"' EXIT
+public_api > "$listed"
+if ! diff -u lib/public-api.txt "$listed"; then
+    echo "the library's public API differs from lib/public-api.txt (diff above: - listed," \
+        "+ built). If the change is meant, regenerate the listing with" \
+        "'bash tests/library.sh --update-public-api' and commit it." >&2
+    exit 1
+fi
+echo "public API: as listed in lib/public-api.txt ($(wc -l < lib/public-api.txt) items)"
