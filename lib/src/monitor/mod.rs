@@ -420,14 +420,21 @@ fn run(
             registry.request_cancel(*id);
         }
         let sample = runtime.map(RuntimeHeartbeat::sample);
+        let mut inspected = false;
         for event in &decision.events {
             let threads = inspector.inspect(event, now);
             report::emit(event, now, sample, &threads);
             if !threads.is_empty() {
+                inspected = true;
                 // Capturing stacks is work, not a stall: keep the `watchdog` check from
                 // calling it one.
                 status.beat.beat(Instant::now());
             }
+        }
+        if inspected {
+            // The parsed debug info would stay for the life of the process: hundreds of
+            // megabytes, for a pod whose limit may be 256Mi.
+            crate::stack::release_symbols();
         }
         inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
