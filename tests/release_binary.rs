@@ -173,7 +173,8 @@ const CAPTURE_MEMORY_BUDGET: u64 = 24 * 1024 * 1024;
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn resident_memory_after_a_hundred_captures_stays_near_rest() {
-    // A block hang every 1.2 s, each a new stuck poll with a stack of its own.
+    // A block hang every 1.2 s, each a new stuck poll with a stack of its own (about
+    // two minutes for a hundred).
     let mut demo = Command::new(release_binary())
         .args(["demo", "--log-format=json", "--duration=10m"])
         .args([
@@ -188,6 +189,11 @@ fn resident_memory_after_a_hundred_captures_stays_near_rest() {
             "--reconcile-deadline=300ms",
         ])
         .args(["--watchdog-interval=50ms", "--stack-capture-after=150ms"])
+        // Each report of its own carries a stack: none may go to a summary.
+        .args([
+            "--hang-report-burst=1000",
+            "--hang-reports-per-minute=60000",
+        ])
         .env("RUST_LOG", "info,reconcile_watchdog::stack=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
