@@ -6,7 +6,7 @@
 //! module drives the two and holds the state the health checks read.
 
 pub mod api_server;
-pub mod cgroup;
+pub(crate) mod cgroup;
 mod inspect;
 pub mod report;
 pub mod summary;
@@ -186,9 +186,7 @@ impl Status {
         }
         Ok(())
     }
-}
 
-impl Status {
     /// [`watchdog_check`](Self::watchdog_check) now; when it finds the scans late,
     /// the monitor gets up to one interval (at most a second) to scan before it fails:
     /// after a pause of the whole process (SIGSTOP, a VM pause, a CFS throttle) the
@@ -537,6 +535,33 @@ mod tests {
             status.watchdog_check(t0).unwrap_err(),
             "the watchdog thread has stopped"
         );
+    }
+
+    #[test]
+    fn the_watchdog_check_gives_a_late_monitor_one_interval_to_scan() {
+        let status = Arc::new(Status {
+            interval: Duration::from_millis(500),
+            beat: Heartbeat::new(),
+            alive: AtomicBool::new(true),
+            published: Mutex::default(),
+        });
+        // Scans stopped long ago, as across a pause of the whole process.
+        std::thread::sleep(Duration::from_millis(1600));
+        assert!(status.watchdog_check(Instant::now()).is_err());
+        let beating = {
+            let status = Arc::clone(&status);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                status.beat.beat(Instant::now());
+            })
+        };
+        assert_eq!(status.watchdog_check_waiting(), Ok(()));
+        beating.join().unwrap();
+
+        // A monitor that does not scan within the interval still fails the check.
+        std::thread::sleep(Duration::from_millis(1600));
+        let err = status.watchdog_check_waiting().unwrap_err();
+        assert!(err.starts_with("the watchdog has not scanned for"), "{err}");
     }
 
     #[test]
