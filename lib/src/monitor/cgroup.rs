@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Errors of finding or reading the cgroup's `cpu.stat`.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// `/proc/self/cgroup` or the `cpu.stat` file could not be read.
     #[error("cannot read {path}")]
     Read {
@@ -29,14 +29,14 @@ pub enum Error {
 
 /// This process's cgroup v2 `cpu.stat`.
 #[derive(Clone, Debug)]
-pub struct CpuStat {
+pub(crate) struct CpuStat {
     path: PathBuf,
 }
 
 impl CpuStat {
     /// Finds this process's cgroup from `/proc/self/cgroup` under the usual mount
     /// point, and checks that its `cpu.stat` tells throttled time.
-    pub fn find() -> Result<Self, Error> {
+    pub(crate) fn find() -> Result<Self, Error> {
         let proc = PathBuf::from("/proc/self/cgroup");
         let text =
             std::fs::read_to_string(&proc).map_err(|source| Error::Read { path: proc, source })?;
@@ -54,7 +54,7 @@ impl CpuStat {
     }
 
     /// The time the cgroup has been throttled in all.
-    pub fn throttled(&self) -> Result<Duration, Error> {
+    pub(crate) fn throttled(&self) -> Result<Duration, Error> {
         let text = std::fs::read_to_string(&self.path).map_err(|source| Error::Read {
             path: self.path.clone(),
             source,
