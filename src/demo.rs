@@ -61,6 +61,9 @@ pub struct DemoOptions {
     pub hang_kind: HangKind,
     /// When it is released (never by default).
     pub hang_for: Option<Duration>,
+    /// How many times it hangs, one after another (each `hang_after` the previous
+    /// release); more than once only with `hang_for`.
+    pub hang_times: u32,
     /// How long the demo runs (until stopped by default).
     pub duration: Option<Duration>,
     /// Objects per controller.
@@ -152,11 +155,20 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
     if options.hang_kind != HangKind::None {
         let handle = handles[HUNG_CONTROLLER].clone();
         let (kind, after, hang_for) = (options.hang_kind, options.hang_after, options.hang_for);
+        let times = if hang_for.is_some() {
+            options.hang_times
+        } else {
+            1
+        };
         let spawner = runtime.handle().clone();
         runtime.spawn(async move {
-            tokio::time::sleep(after).await;
-            hanging.store(true, Ordering::SeqCst);
-            inject_hang(&spawner, &handle, kind, hang_for);
+            for _ in 0..times {
+                tokio::time::sleep(after).await;
+                hanging.store(true, Ordering::SeqCst);
+                inject_hang(&spawner, &handle, kind, hang_for);
+                // Released by then (a wedged runtime sleeps longer: that is its point).
+                tokio::time::sleep(hang_for.unwrap_or_default()).await;
+            }
         });
     }
 

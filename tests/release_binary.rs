@@ -153,3 +153,102 @@ fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
         .collect();
     assert!(absolute.is_empty(), "absolute paths: {absolute:?}\n{stack}");
 }
+
+/// The resident memory of process `pid`, from `/proc/PID/status`.
+#[cfg(target_os = "linux")]
+fn resident(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line");
+    kib * 1024
+}
+
+/// The budget of docs/performance.md: resident memory after any number of stack
+/// captures within this much of the memory at rest.
+const CAPTURE_MEMORY_BUDGET: u64 = 24 * 1024 * 1024;
+
+#[test]
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn resident_memory_after_a_hundred_captures_stays_near_rest() {
+    // A block hang every 1.2 s, each a new stuck poll with a stack of its own (about
+    // two minutes for a hundred).
+    let mut demo = Command::new(release_binary())
+        .args(["demo", "--log-format=json", "--duration=10m"])
+        .args([
+            "--health-probe-bind-address=127.0.0.1:0",
+            "--metrics-bind-address=0",
+        ])
+        .args([
+            "--hang-kind=block",
+            "--hang-after=600ms",
+            "--hang-for=600ms",
+            "--hang-times=1000",
+            "--reconcile-deadline=300ms",
+        ])
+        .args(["--watchdog-interval=50ms", "--stack-capture-after=150ms"])
+        // Each report of its own carries a stack: none may go to a summary.
+        .args([
+            "--hang-report-burst=1000",
+            "--hang-reports-per-minute=60000",
+        ])
+        .env("RUST_LOG", "info,reconcile_watchdog::stack=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(Killed)
+        .expect("the release binary starts");
+    let pid = demo.0.id();
+    let (events, received) = mpsc::channel();
+    let logs = BufReader::new(demo.0.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in logs.lines().map_while(Result::ok) {
+            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
+                let _ = events.send(event);
+            }
+        }
+    });
+    // At rest: before the first hang.
+    std::thread::sleep(Duration::from_millis(400));
+    let rest = resident(pid);
+    let mut captures = 0;
+    let mut took_ms = Vec::new();
+    let start = Instant::now();
+    let patience = PATIENCE * 6;
+    while captures < 100 {
+        let left = patience.saturating_sub(start.elapsed());
+        let event = received
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("{captures} captures within {patience:?}: {e}"));
+        if event["message"] == "stack symbolized" {
+            let us = event["took_us"].as_u64().unwrap_or_default();
+            took_ms.push(us / 1000);
+            captures += 1;
+            if [1, 10, 100].contains(&captures) {
+                // The scan releases the symbolizer's memory once its reports are written.
+                std::thread::sleep(Duration::from_millis(300));
+                let now = resident(pid);
+                eprintln!(
+                    "resident after capture {captures}: {} MiB (rest {} MiB); symbolization took {} ms",
+                    now / (1024 * 1024),
+                    rest / (1024 * 1024),
+                    took_ms.last().unwrap()
+                );
+                assert!(
+                    now <= rest + CAPTURE_MEMORY_BUDGET,
+                    "resident {now} bytes after capture {captures}, rest {rest}: over the budget"
+                );
+            }
+        }
+    }
+    took_ms.sort_unstable();
+    eprintln!(
+        "symbolization of one stack: median {} ms, max {} ms over {} captures",
+        took_ms[took_ms.len() / 2],
+        took_ms.last().unwrap(),
+        took_ms.len()
+    );
+}

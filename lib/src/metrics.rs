@@ -340,6 +340,9 @@ pub struct Metrics {
     controllers: RwLock<HashMap<Arc<str>, Arc<ControllerSeries>>>,
     scan_duration: Histogram,
     runtime_heartbeat_age: Gauge<f64, AtomicU64>,
+    hangs_unnamed: Counter,
+    pauses: Counter,
+    paused: Counter<f64, AtomicU64>,
     leader: LeaderSeries,
     health: Arc<Health>,
     api_server: Arc<ApiServerStatus>,
@@ -376,6 +379,9 @@ impl Metrics {
             controllers: RwLock::new(HashMap::new()),
             scan_duration,
             runtime_heartbeat_age,
+            hangs_unnamed: Counter::default(),
+            pauses: Counter::default(),
+            paused: Counter::default(),
             leader: LeaderSeries::default(),
             health,
             api_server,
@@ -446,6 +452,25 @@ impl Metrics {
             Unit::Seconds,
             self.runtime_heartbeat_age.clone(),
         );
+        registry.register(
+            "hangs_unnamed",
+            "Hung reconciles that no log line names: over the report budget and over the names of its summary",
+            self.hangs_unnamed.clone(),
+        );
+        registry.register(
+            "pauses",
+            "Times the process did not run (a late scan: paused or CPU-throttled); no verdict on that time",
+            self.pauses.clone(),
+        );
+        registry.register_with_unit(
+            "paused",
+            "Time the process did not run, as the monitor's late scans found it",
+            Unit::Seconds,
+            self.paused.clone(),
+        );
+        registry.register_collector(Box::new(CpuThrottled(
+            crate::monitor::cgroup::CpuStat::find().ok(),
+        )));
         registry.register_collector(Box::new(HealthChecks(Arc::clone(&self.health))));
         registry.register_collector(Box::new(ApiServerReachability(Arc::clone(
             &self.api_server,
@@ -651,11 +676,20 @@ impl monitor::Observer for Metrics {
                 s.hangs(state).inc_by(n);
             });
         }
+        self.hangs_unnamed
+            .inc_by(u64::try_from(scan.decision.hangs_unnamed).unwrap_or(u64::MAX));
         for event in &scan.decision.events {
-            if let Event::Escalated { controller, .. } = event {
-                self.with_series(controller, |s| {
-                    s.escalations.inc();
-                });
+            match event {
+                Event::Escalated { controller, .. } => {
+                    self.with_series(controller, |s| {
+                        s.escalations.inc();
+                    });
+                }
+                Event::Paused(pause) => {
+                    self.pauses.inc();
+                    self.paused.inc_by(pause.length.as_secs_f64());
+                }
+                _ => {}
             }
         }
         if !scan.decision.cancel.is_empty() {
@@ -731,6 +765,27 @@ impl Collector for ApiServerReachability {
         )
         .encode(counter)?;
         Ok(())
+    }
+}
+
+/// `reconcile_watchdog_cpu_throttled_seconds_total`: the time cgroup v2 has throttled
+/// this process's cgroup, read at scrape time; absent without cgroup v2's cpu controller.
+#[derive(Debug)]
+struct CpuThrottled(Option<crate::monitor::cgroup::CpuStat>);
+
+impl Collector for CpuThrottled {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(throttled) = self.0.as_ref().and_then(|c| c.throttled().ok()) else {
+            return Ok(());
+        };
+        let metric = ConstCounter::new(throttled.as_secs_f64());
+        let family = encoder.encode_descriptor(
+            "cpu_throttled_seconds",
+            "Time cgroup v2 has CPU-throttled this process's cgroup (cpu.stat throttled_usec): it explains slow reconciles",
+            None,
+            metric.metric_type(),
+        )?;
+        metric.encode(family)
     }
 }
 

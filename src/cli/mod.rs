@@ -58,6 +58,10 @@ pub struct DemoArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_DEMO_HANG_FOR", value_name = "DURATION", value_parser = flags::positive_duration)]
     pub hang_for: Option<Duration>,
 
+    /// With --hang-for: hang this many times, each --hang-after the previous release
+    #[arg(long, env = "RECONCILE_WATCHDOG_DEMO_HANG_TIMES", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub hang_times: u32,
+
     /// Exit after this long (default: run until Ctrl-C)
     #[arg(long, env = "RECONCILE_WATCHDOG_DEMO_DURATION", value_name = "DURATION", value_parser = flags::positive_duration)]
     pub duration: Option<Duration>,
@@ -97,6 +101,7 @@ pub fn main() -> ExitCode {
                 hang_after: args.hang_after,
                 hang_kind: args.hang_kind,
                 hang_for: args.hang_for,
+                hang_times: args.hang_times,
                 duration: args.duration,
                 objects: args.objects,
                 near_miss_every: args.near_miss_every,

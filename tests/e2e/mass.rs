@@ -292,3 +292,52 @@ fn emulator_api_outage_holds_liveness_and_fails_readiness() {
         "the held objects were not reconciled after the outage"
     );
 }
+
+#[test]
+fn emulator_twelve_hangs_in_a_minute_are_each_named_on_an_error_line() {
+    // One object's requests held at a time, each past its deadline for a while, then
+    // released: with the report budget's 10 and 6 a minute spent on the hangs and
+    // their ends, the later hangs go to summaries, which must still name them.
+    const HANGS: usize = 12;
+    let cluster = Cluster::start("named");
+    let deadline = Duration::from_secs(2);
+    let operator = Operator::start(&cluster, deadline, &[]);
+    let ns = cluster.namespace.clone();
+    let names: Vec<String> = (0..HANGS).map(|i| format!("named-{i:02}")).collect();
+    let started = Instant::now();
+    for name in &names {
+        cluster.emulator().black_hole(name);
+        cluster.create(name, None);
+        assert!(
+            eventually(SETTLE, || operator
+                .in_flight(&format!("{ns}/{name}"))
+                .iter()
+                .any(|r| r["overdue"] == true)),
+            "{name} never went overdue"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        cluster.emulator().release(name);
+    }
+    eprintln!("{HANGS} hangs in {:?}", started.elapsed());
+    let unnamed = |operator: &Operator| -> Vec<String> {
+        let errors =
+            operator.logged(|e| e["target"] == "reconcile_watchdog::hang" && e["level"] == "ERROR");
+        names
+            .iter()
+            .filter(|name| {
+                let object = format!("{ns}/{name}");
+                !errors
+                    .iter()
+                    .any(|e| e["message"].as_str().is_some_and(|m| m.contains(&object)))
+            })
+            .cloned()
+            .collect()
+    };
+    // A summary waits for its period (15 s) after the previous one.
+    assert!(
+        eventually(SETTLE * 2, || unnamed(&operator).is_empty()),
+        "hangs named on no ERROR line: {:?}\n{:#?}",
+        unnamed(&operator),
+        loud_watchdog_lines(&operator)
+    );
+}

@@ -6,6 +6,7 @@
 //! module drives the two and holds the state the health checks read.
 
 pub mod api_server;
+pub(crate) mod cgroup;
 mod inspect;
 pub mod report;
 pub mod summary;
@@ -24,7 +25,7 @@ use crate::health::{Check, Health};
 pub use api_server::ApiServerStatus;
 pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
-pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Verdict};
+pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +186,25 @@ impl Status {
         }
         Ok(())
     }
+
+    /// [`watchdog_check`](Self::watchdog_check) now; when it finds the scans late,
+    /// the monitor gets up to one interval (at most a second) to scan before it fails:
+    /// after a pause of the whole process (SIGSTOP, a VM pause, a CFS throttle) the
+    /// probe server's thread may run before the monitor's.
+    fn watchdog_check_waiting(&self) -> Result<(), String> {
+        let first = self.watchdog_check(Instant::now());
+        if first.is_ok() || !self.alive.load(Ordering::Acquire) {
+            return first;
+        }
+        let until = Instant::now() + self.interval.min(Duration::from_secs(1));
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+            if self.watchdog_check(Instant::now()).is_ok() {
+                return Ok(());
+            }
+        }
+        self.watchdog_check(Instant::now())
+    }
 }
 
 /// Reads one check's answer from the published status.
@@ -277,7 +297,7 @@ impl Monitor {
             published: Mutex::new(Arc::default()),
         });
         let checks: [(&'static str, ReadStatus); 2] = [
-            ("watchdog", |s| s.watchdog_check(Instant::now())),
+            ("watchdog", Status::watchdog_check_waiting),
             ("reconcilers", |s| {
                 s.latest().reconcilers_failure.clone().map_or(Ok(()), Err)
             }),
@@ -388,9 +408,20 @@ fn run(
     let mut counts = Vec::new();
     let mut next = Instant::now();
     let mut inspector = inspect::Inspector::new(*diagnostics, registry.clone());
+    // One small file read a scan, when cgroup v2 tells throttled time.
+    let cpu_stat = cgroup::CpuStat::find().ok();
+    let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
+
+        // A scan later than planned: did the process not run meanwhile?
+        let throttled_now = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
+        let throttled = throttled_now
+            .zip(throttled_before)
+            .map(|(after, before)| after.saturating_sub(before));
+        throttled_before = throttled_now;
+        verdict.observe_lateness(now, now.saturating_duration_since(next), throttled);
 
         // Ended first: a guard leaves the map before it queues its end, so nothing taken
         // here can still be in the snapshot and be judged hung a second time.
@@ -420,14 +451,21 @@ fn run(
             registry.request_cancel(*id);
         }
         let sample = runtime.map(RuntimeHeartbeat::sample);
+        let mut inspected = false;
         for event in &decision.events {
             let threads = inspector.inspect(event, now);
             report::emit(event, now, sample, &threads);
             if !threads.is_empty() {
+                inspected = true;
                 // Capturing stacks is work, not a stall: keep the `watchdog` check from
                 // calling it one.
                 status.beat.beat(Instant::now());
             }
+        }
+        if inspected {
+            // The parsed debug info would stay for the life of the process: hundreds of
+            // megabytes, for a pod whose limit may be 256Mi.
+            crate::stack::release_symbols();
         }
         inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
@@ -497,6 +535,33 @@ mod tests {
             status.watchdog_check(t0).unwrap_err(),
             "the watchdog thread has stopped"
         );
+    }
+
+    #[test]
+    fn the_watchdog_check_gives_a_late_monitor_one_interval_to_scan() {
+        let status = Arc::new(Status {
+            interval: Duration::from_millis(500),
+            beat: Heartbeat::new(),
+            alive: AtomicBool::new(true),
+            published: Mutex::default(),
+        });
+        // Scans stopped long ago, as across a pause of the whole process.
+        std::thread::sleep(Duration::from_millis(1600));
+        assert!(status.watchdog_check(Instant::now()).is_err());
+        let beating = {
+            let status = Arc::clone(&status);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                status.beat.beat(Instant::now());
+            })
+        };
+        assert_eq!(status.watchdog_check_waiting(), Ok(()));
+        beating.join().unwrap();
+
+        // A monitor that does not scan within the interval still fails the check.
+        std::thread::sleep(Duration::from_millis(1600));
+        let err = status.watchdog_check_waiting().unwrap_err();
+        assert!(err.starts_with("the watchdog has not scanned for"), "{err}");
     }
 
     #[test]

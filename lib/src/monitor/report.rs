@@ -10,7 +10,7 @@ use crate::guard::{InFlight, PollState};
 
 use super::inspect::StuckThread;
 use super::summary::{NAMED, name_few};
-use super::verdict::{Event, HangState, Summary, SummaryKind, fmt_duration};
+use super::verdict::{Event, HangState, Pause, Summary, SummaryKind, fmt_duration};
 
 /// The log target of every hang report.
 pub const TARGET: &str = "reconcile_watchdog::hang";
@@ -251,6 +251,7 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
             );
         }
         Event::Summary(summary) => emit_summary(summary),
+        Event::Paused(pause) => emit_pause(pause),
         Event::ApiServerSilent {
             silent_for,
             why,
@@ -302,29 +303,61 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
 }
 
 /// One summary of per-reconcile lines over the report budget, at their kind's level.
+fn emit_pause(pause: &Pause) {
+    let throttled = match pause.throttled {
+        Some(t) if !t.is_zero() => format!("; the cgroup was CPU-throttled {}", fmt_duration(t)),
+        _ => String::new(),
+    };
+    tracing::warn!(
+        target: TARGET,
+        paused = %fmt_duration(pause.length),
+        throttled = pause.throttled.map(fmt_duration).unwrap_or_default(),
+        "the process was not scheduled for {} (paused or CPU-throttled): no verdict for that time{throttled}",
+        fmt_duration(pause.length)
+    );
+}
+
 fn emit_summary(summary: &Summary) {
     const WHERE: &str = "every one is counted in the metrics and listed on /debug/reconciles";
     let Summary {
-        count, by_group, ..
+        count,
+        by_group,
+        named,
+        unnamed,
+        ..
     } = summary;
+    // `oldest: a, b, c` or `oldest: a, b, c and 7 not named here`.
+    let names = if *unnamed == 0 {
+        named.clone()
+    } else if named.is_empty() {
+        format!("none named here ({unnamed})")
+    } else {
+        format!("{named} and {unnamed} not named here")
+    };
     match summary.kind {
         SummaryKind::Hung => tracing::error!(
             target: TARGET,
             count = count,
             by_group = %by_group,
-            "{count} more reconciles hung, beyond the report budget: {by_group}; {WHERE}"
+            objects = %named,
+            unnamed = unnamed,
+            "{count} more reconciles hung, beyond the report budget: {by_group}; oldest first: {names}; {WHERE}"
         ),
         SummaryKind::StillHung => tracing::warn!(
             target: TARGET,
             count = count,
             by_group = %by_group,
-            "{count} more reminders of reconciles still hung, beyond the report budget: {by_group}; {WHERE}"
+            objects = %named,
+            unnamed = unnamed,
+            "{count} more reminders of reconciles still hung, beyond the report budget: {by_group}; oldest first: {names}; {WHERE}"
         ),
         SummaryKind::Ended => tracing::info!(
             target: TARGET,
             count = count,
             by_group = %by_group,
-            "{count} more hung reconciles ended, beyond the report budget: {by_group}"
+            objects = %named,
+            unnamed = unnamed,
+            "{count} more hung reconciles ended, beyond the report budget: {by_group}; oldest first: {names}"
         ),
     }
 }

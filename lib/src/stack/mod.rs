@@ -15,6 +15,8 @@ mod kernel;
 mod parked;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod signal;
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+mod symbols;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -224,8 +226,17 @@ fn short_path(path: &std::path::Path) -> String {
     path
 }
 
+/// Frees the memory that resolving symbols took (the parsed debug info, up to hundreds
+/// of megabytes for a release binary with compressed debug sections): call it once a
+/// batch of captures is done. The next capture parses the debug info again.
+pub fn release_symbols() {
+    #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+    symbols::release();
+}
+
 /// Captures the native stack of thread `tid` of this process, waiting at most
-/// `timeout` for it, and resolves every frame.
+/// `timeout` for it, and resolves every frame. The symbolizer's memory stays until
+/// [`release_symbols`].
 pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
     capture_until(tid, timeout, |_| false)
 }
@@ -254,6 +265,7 @@ fn capture_impl(
     };
     let mut frames = Vec::new();
     let mut resolved = 0;
+    let started = Instant::now();
     for address in &addresses {
         let before = frames.len();
         symbolize(address.ip, address.lookup, &mut frames);
@@ -262,6 +274,14 @@ fn capture_impl(
             break;
         }
     }
+    // What a stack costs the monitor, for docs/performance.md.
+    tracing::debug!(
+        target: "reconcile_watchdog::stack",
+        resolved,
+        frames = frames.len(),
+        took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "stack symbolized"
+    );
     if frames.is_empty() {
         return Err(Error::Empty);
     }

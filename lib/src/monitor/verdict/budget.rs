@@ -69,6 +69,12 @@ impl Budget {
     }
 }
 
+/// The most reconciles one summary names, oldest first; it counts the rest.
+const SUMMARY_NAMES: usize = 20;
+
+/// The most bytes of one summary's names.
+const SUMMARY_NAME_BYTES: usize = 2048;
+
 /// Lines over the budget of one kind, waiting for their summary.
 #[derive(Debug, Default)]
 pub(super) struct Pending {
@@ -76,11 +82,24 @@ pub(super) struct Pending {
     /// Counts per (controller, state or outcome); controllers are few, and told apart
     /// by their name's address.
     by_group: Vec<(Arc<str>, &'static str, usize)>,
+    /// The oldest of them by start, at most [`SUMMARY_NAMES`], as `controller object`:
+    /// the summary names these, so that a hang over the budget still has its name on
+    /// a line.
+    names: Vec<(Instant, String)>,
+    /// Lines of this summary it will not name.
+    unnamed: usize,
     last_summary: Option<Instant>,
 }
 
 impl Pending {
-    pub(super) fn add(&mut self, (controller, state): (Arc<str>, &'static str)) {
+    /// Counts one line over the budget, of a reconcile started at `started`; `name`
+    /// is asked for only if it is kept.
+    pub(super) fn add(
+        &mut self,
+        (controller, state): (Arc<str>, &'static str),
+        started: Instant,
+        name: impl FnOnce() -> String,
+    ) {
         self.count += 1;
         match self
             .by_group
@@ -89,6 +108,17 @@ impl Pending {
         {
             Some((_, _, n)) => *n += 1,
             None => self.by_group.push((controller, state, 1)),
+        }
+        if self.names.len() < SUMMARY_NAMES {
+            self.names.push((started, name()));
+            return;
+        }
+        // Full: the youngest named gives way to an older one.
+        self.unnamed += 1;
+        if let Some(youngest) = self.names.iter_mut().max_by_key(|(at, _)| *at)
+            && started < youngest.0
+        {
+            *youngest = (started, name());
         }
     }
 
@@ -111,6 +141,23 @@ impl Pending {
         let mut by_group = std::mem::take(&mut self.by_group);
         // In a stable order for equal counts: by name, then state.
         by_group.sort_by(|a, b| (&*a.0, a.1).cmp(&(&*b.0, b.1)));
+        let mut names = std::mem::take(&mut self.names);
+        names.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let kept = names.len();
+        let mut named = String::new();
+        let mut unnamed = std::mem::take(&mut self.unnamed);
+        for (n, (_, name)) in names.into_iter().enumerate() {
+            // One long name may not crowd out the others.
+            let name = crate::monitor::summary::clip(name, SUMMARY_NAME_BYTES / 4);
+            if named.len() + ", ".len() + name.len() > SUMMARY_NAME_BYTES {
+                unnamed += kept - n;
+                break;
+            }
+            if !named.is_empty() {
+                named.push_str(", ");
+            }
+            named.push_str(&name);
+        }
         Some(Summary {
             kind,
             count: std::mem::take(&mut self.count),
@@ -119,6 +166,8 @@ impl Pending {
                     .iter()
                     .map(|(controller, state, n)| (super::Group(controller, state), *n)),
             ),
+            named,
+            unnamed,
         })
     }
 }
@@ -143,5 +192,60 @@ mod tests {
         assert_eq!(budget.take_all(11, t1), 0);
         assert_eq!(budget.take_all(4, t1), 4);
         assert_eq!(budget.take(100, t1), 6);
+    }
+
+    fn group() -> (Arc<str>, &'static str) {
+        (Arc::from("web"), "awaiting")
+    }
+
+    #[test]
+    fn a_summary_names_the_oldest_it_counts_and_counts_the_unnamed() {
+        let t0 = Instant::now();
+        let every = Duration::from_secs(15);
+        let mut pending = Pending::default();
+        // Younger first: the oldest must still be the ones named.
+        for i in (0..25_u64).rev() {
+            let started = t0 + Duration::from_secs(i);
+            pending.add(group(), started, || format!("web ns/o-{i:02}"));
+        }
+        let summary = pending.flush(SummaryKind::Hung, every, t0).unwrap();
+        assert_eq!(summary.count, 25);
+        assert_eq!(summary.unnamed, 5);
+        let names: Vec<&str> = summary.named.split(", ").collect();
+        let oldest: Vec<String> = (0..20).map(|i| format!("web ns/o-{i:02}")).collect();
+        assert_eq!(names, oldest, "the oldest twenty, oldest first");
+
+        // A few are all named; the next summary starts afresh.
+        for i in 0..3_u64 {
+            pending.add(group(), t0, || format!("web ns/p-{i}"));
+        }
+        let summary = pending.flush(SummaryKind::Hung, every, t0 + every).unwrap();
+        assert_eq!(
+            (summary.count, summary.unnamed, summary.named.as_str()),
+            (3, 0, "web ns/p-0, web ns/p-1, web ns/p-2")
+        );
+    }
+
+    #[test]
+    fn long_names_stay_within_the_bytes_of_a_summary() {
+        let t0 = Instant::now();
+        let mut pending = Pending::default();
+        for i in 0..20_u64 {
+            pending.add(group(), t0 + Duration::from_secs(i), || {
+                format!("web ns/{i:02}-{}", "x".repeat(300))
+            });
+        }
+        let summary = pending
+            .flush(SummaryKind::Hung, Duration::from_secs(15), t0)
+            .unwrap();
+        assert!(
+            summary.named.len() <= SUMMARY_NAME_BYTES,
+            "{}",
+            summary.named.len()
+        );
+        let named = summary.named.split(", ").count();
+        assert!(named >= 4, "{named} names");
+        assert_eq!(named + summary.unnamed, 20, "every one named or counted");
+        assert!(summary.named.starts_with("web ns/00-"), "{}", summary.named);
     }
 }

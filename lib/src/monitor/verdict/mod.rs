@@ -120,6 +120,30 @@ pub enum ApiServer {
     },
 }
 
+/// A time the process did not run, as the monitor found it: its scan came late by
+/// more than the runtime stall threshold, or late while the cgroup was CPU-throttled.
+/// Nothing stalled then (a node freeze, a VM pause, SIGSTOP, a long CFS throttle): no
+/// deadline is judged on that time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pause {
+    /// When the monitor ran again.
+    pub ended: Instant,
+    /// How long the process did not run: how late the scan came.
+    pub length: Duration,
+    /// The CPU throttling cgroup v2's `cpu.stat` counted over the gap, when it says.
+    pub throttled: Option<Duration>,
+}
+
+impl Pause {
+    /// How much of `since..ended` the pause covers.
+    fn within(&self, since: Instant) -> Duration {
+        self.length.min(self.ended.saturating_duration_since(since))
+    }
+}
+
+/// The most pauses the verdict remembers, to credit the reconciles that ran through them.
+const PAUSES: usize = 32;
+
 /// Where an overdue reconcile is stuck.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HangState {
@@ -225,6 +249,11 @@ pub struct Summary {
     pub count: usize,
     /// How many per controller and state (or outcome), the largest first.
     pub by_group: String,
+    /// The oldest of them as `controller object`, comma-separated (at most 20 names
+    /// and 2 KiB): what was over the budget is still named once.
+    pub named: String,
+    /// How many of them `named` leaves out.
+    pub unnamed: usize,
 }
 
 /// Something the monitor must write to the log.
@@ -285,6 +314,8 @@ pub enum Event {
         /// The named few and the count of the rest, as one line.
         listed: String,
     },
+    /// The process did not run for a while: no verdict on that time (WARN).
+    Paused(Pause),
     /// Per-reconcile lines over the report budget, counted (at the level of their kind).
     Summary(Summary),
     /// Overdue reconciles await while the API server does not answer: liveness holds
@@ -344,6 +375,9 @@ pub struct Decision<'a> {
     pub runtime_failure: Option<String>,
     /// Reconciles newly overdue on an await: ask the API server now whether it answers.
     pub ask_api_server: bool,
+    /// Hung reconciles that no log line names: neither a report of their own nor the
+    /// summary written now had room for them (a mass hang); the metrics count them.
+    pub hangs_unnamed: usize,
 }
 
 /// What the verdict remembers of one reported reconcile.
@@ -415,6 +449,23 @@ impl Line<'_> {
         }
     }
 
+    /// When the reconcile started, and how a summary names it.
+    fn started(&self) -> Instant {
+        match self {
+            Self::Hung { reconcile, .. } | Self::StillHung { reconcile, .. } => reconcile.started,
+            Self::Ended(end) => end.reconcile.started,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Self::Hung { reconcile, .. } | Self::StillHung { reconcile, .. } => {
+                format!("{} {}", reconcile.controller, reconcile.object)
+            }
+            Self::Ended(end) => format!("{} {}", end.reconcile.controller, end.reconcile.object),
+        }
+    }
+
     /// Who gets the budget first: hangs inside a poll, then awaits, then victims.
     fn rank(&self) -> usize {
         match self {
@@ -462,6 +513,11 @@ pub struct Verdict {
     budget: Budget,
     /// Lines over the budget, per kind, until their summary.
     pending: [Pending; 3],
+    /// Recent pauses, oldest first: a reconcile's elapsed time and the runtime's
+    /// heartbeat age are judged without them.
+    pauses: VecDeque<Pause>,
+    /// A pause observed since the last step, to report.
+    new_pause: Option<Pause>,
 }
 
 impl Verdict {
@@ -479,6 +535,8 @@ impl Verdict {
             api_server: ApiServer::NotChecked,
             outage_reported: None,
             pending: Default::default(),
+            pauses: VecDeque::new(),
+            new_pause: None,
         }
     }
 
@@ -494,6 +552,50 @@ impl Verdict {
         self.api_server = api_server;
     }
 
+    /// Tells it, before a [`step`](Self::step), how late the scan at `now` came after
+    /// its planned time, and how long the cgroup was CPU-throttled meanwhile (when
+    /// cgroup v2 says). Later than the runtime stall threshold, or later than an
+    /// interval while throttled, the process did not run: that time counts toward no
+    /// deadline and no heartbeat age, and the step reports it once. Returns the pause.
+    pub fn observe_lateness(
+        &mut self,
+        now: Instant,
+        late: Duration,
+        throttled: Option<Duration>,
+    ) -> Option<Pause> {
+        let paused = late > self.config.runtime_stall_threshold
+            || (late > self.config.interval && throttled.is_some_and(|t| !t.is_zero()));
+        if !paused {
+            return None;
+        }
+        let pause = Pause {
+            ended: now,
+            length: late,
+            throttled,
+        };
+        self.observe_pause(pause);
+        Some(pause)
+    }
+
+    fn observe_pause(&mut self, pause: Pause) {
+        if self.pauses.len() == PAUSES {
+            self.pauses.pop_front();
+        }
+        self.pauses.push_back(pause);
+        self.new_pause = Some(pause);
+    }
+
+    /// How long the process did not run since `since`, as far as the pauses remembered
+    /// tell.
+    fn paused_since(&self, since: Instant) -> Duration {
+        self.pauses
+            .iter()
+            .rev()
+            .take_while(|p| p.ended > since)
+            .map(|p| p.within(since))
+            .sum()
+    }
+
     /// One scan: `in_flight` is the registry's snapshot, `ended` the reconciles that
     /// finished after being reported hung, `runtime_heartbeat_age` the age of the async
     /// runtime's heartbeat (None when no runtime is watched), and `now` the clock.
@@ -506,6 +608,12 @@ impl Verdict {
     ) -> Decision<'a> {
         let mut decision = Decision::default();
         let mut lines = Lines::default();
+        if let Some(pause) = self.new_pause.take() {
+            decision.events.push(Event::Paused(pause));
+        }
+        // The heartbeat could not beat while the process did not run either.
+        let runtime_heartbeat_age = runtime_heartbeat_age
+            .map(|age| age.saturating_sub(self.paused_since(now.checked_sub(age).unwrap_or(now))));
 
         // 1. Reconciles that ended since the last scan: report them, count cancellations.
         let mut cancelled_now = Vec::new();
@@ -561,8 +669,21 @@ impl Verdict {
             if !reconcile.is_overdue(now) {
                 continue;
             }
+            // A deadline is of running time: what the process did not run is not
+            // counted. One overdue by the clock alone was marked by the registry's scan,
+            // so its end comes back; it is not reported, as no hang of its was.
+            let running = reconcile
+                .elapsed(now)
+                .saturating_sub(self.paused_since(reconcile.started));
+            if running <= reconcile.deadline {
+                if !self.tracked.contains_key(&reconcile.id) {
+                    self.deferred.insert(reconcile.id);
+                }
+                continue;
+            }
             self.judge_overdue(
                 reconcile,
+                running,
                 (runtime_stalled, runtime_late),
                 now,
                 &mut decision,
@@ -593,16 +714,17 @@ impl Verdict {
         decision
     }
 
+    #[allow(clippy::too_many_arguments)] // the step's state, passed down as it is
     fn judge_overdue<'a>(
         &mut self,
         reconcile: &'a InFlight,
+        elapsed: Duration,
         (runtime_stalled, runtime_late): (bool, bool),
         now: Instant,
         decision: &mut Decision<'a>,
         lines: &mut Lines<'a>,
         victims: &mut Vec<InFlight>,
     ) {
-        let elapsed = reconcile.elapsed(now);
         let state = HangState::of(reconcile, runtime_stalled);
         // A new await that never woke, while the runtime's heartbeat is late: judged
         // once the runtime either stalls (then it is a victim) or beats again (then it
@@ -899,9 +1021,12 @@ impl Verdict {
                 .events
                 .extend(kind_lines.by_ref().take(written).map(Line::into_event));
             for line in kind_lines {
-                self.pending[index].add(line.group());
+                self.pending[index].add(line.group(), line.started(), || line.name());
             }
             if let Some(summary) = self.pending[index].flush(kind, every, now) {
+                if kind == SummaryKind::Hung {
+                    decision.hangs_unnamed += summary.unnamed;
+                }
                 decision.events.push(Event::Summary(summary));
             }
         }
@@ -1401,8 +1526,14 @@ mod tests {
                 kind: SummaryKind::Hung,
                 count: 990,
                 by_group: "web awaiting 990".into(),
+                named: (10..30)
+                    .map(|i| format!("web ns/o-{i:04}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                unnamed: 970,
             }]
         );
+        assert_eq!(d.hangs_unnamed, 970, "counted for the metrics");
         let failure = d.reconcilers_failure.unwrap();
         assert!(failure.len() < 1024, "{} bytes: {failure}", failure.len());
         assert!(
@@ -1428,15 +1559,199 @@ mod tests {
                 .collect();
             let first = t0 + deadline + SECOND;
             let mut total = 0;
+            let mut named = HashSet::new();
+            let mut unnamed = 0;
             for s in 0..300 {
-                total += lines(&v.step(&reconciles, vec![], None, first + s * SECOND));
+                let d = v.step(&reconciles, vec![], None, first + s * SECOND);
+                total += lines(&d);
+                unnamed += d.hangs_unnamed;
+                for event in &d.events {
+                    match event {
+                        Event::Hung { reconcile, .. } => {
+                            named.insert(format!("{} {}", reconcile.controller, reconcile.object));
+                        }
+                        Event::Summary(s) if s.kind == SummaryKind::Hung => {
+                            named.extend(s.named.split(", ").map(str::to_owned));
+                        }
+                        _ => {}
+                    }
+                }
             }
-            eprintln!("1000 hangs, deadline {deadline:?}: {total} lines in their first 5 minutes");
+            eprintln!(
+                "1000 hangs, deadline {deadline:?}: {total} lines in their first 5 minutes, {} hangs named, {unnamed} never",
+                named.len()
+            );
+            assert_eq!(
+                named.len() + unnamed,
+                1000,
+                "each hang named or counted as not"
+            );
             assert!(
                 total < 50,
                 "{total} lines in 5 minutes for deadline {deadline:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_late_scan_suspends_judgment_and_running_time_counts() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            interval: SECOND / 2,
+            runtime_stall_threshold: 3 * SECOND,
+            ..Config::default()
+        });
+        let r = reconcile(1, "web", "a", 3 * SECOND, t0);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // The heartbeat beats every scan until the process stops at 1 s.
+        let d = v.step(std::slice::from_ref(&r), vec![], Some(SECOND / 4), at(1000));
+        assert!(d.events.is_empty());
+
+        // Stopped 8 s 240 ms: the next scan, due at 1.5 s, comes at 9.74 s.
+        let late = Duration::from_millis(8240);
+        let pause = v.observe_lateness(at(9740), late, None).expect("a pause");
+        assert_eq!(pause.length, late);
+        let d = v.step(
+            std::slice::from_ref(&r),
+            vec![],
+            Some(Duration::from_millis(8740)),
+            at(9740),
+        );
+        assert!(
+            matches!(&d.events[..], [Event::Paused(p)] if p.length == late),
+            "one pause, no stall, no victims, no hang: {:?}",
+            d.events
+        );
+        assert!(
+            d.overdue.is_empty() && d.reconcilers_failure.is_none() && d.runtime_failure.is_none()
+        );
+        assert!(d.mark_hung.is_empty());
+
+        // The heartbeat beats again; the reconcile has run 1.5 s of its 3 s.
+        let d = v.step(
+            std::slice::from_ref(&r),
+            vec![],
+            Some(SECOND / 4),
+            at(10_240),
+        );
+        assert!(
+            d.events.is_empty() && d.overdue.is_empty(),
+            "{:?}",
+            d.events
+        );
+        // Past 3 s of running time (give or take the scan), it is a hang like any other.
+        let d = v.step(
+            std::slice::from_ref(&r),
+            vec![],
+            Some(SECOND / 4),
+            at(11_800),
+        );
+        assert_eq!(hung_ids(&d), [1]);
+        assert!(d.reconcilers_failure.is_some());
+    }
+
+    #[test]
+    fn a_wedge_after_a_pause_is_still_a_stall() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            interval: SECOND / 2,
+            runtime_stall_threshold: 3 * SECOND,
+            ..Config::default()
+        });
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        v.step(&[], vec![], Some(SECOND / 4), at(1000));
+        assert!(v.observe_lateness(at(9500), 8 * SECOND, None).is_some());
+        // The heartbeat last beat at 0.75 s and never again: 8 s of it were the pause,
+        // and from 11.75 s on the rest is past the threshold.
+        let d = v.step(&[], vec![], Some(Duration::from_millis(8750)), at(9500));
+        assert!(d.runtime_failure.is_none(), "{:?}", d.events);
+        let d = v.step(&[], vec![], Some(Duration::from_millis(10_750)), at(11_500));
+        assert!(d.runtime_failure.is_none());
+        let d = v.step(&[], vec![], Some(Duration::from_millis(11_250)), at(12_000));
+        assert!(d.runtime_failure.is_some());
+        assert!(
+            matches!(&d.events[..], [Event::RuntimeStalled { .. }]),
+            "{:?}",
+            d.events
+        );
+    }
+
+    #[test]
+    fn lateness_is_a_pause_past_the_stall_threshold_or_while_throttled() {
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config {
+            interval: SECOND / 2,
+            runtime_stall_threshold: 3 * SECOND,
+            ..Config::default()
+        });
+        assert!(v.observe_lateness(t0, 2 * SECOND, None).is_none());
+        assert!(
+            v.observe_lateness(t0, 2 * SECOND, Some(Duration::ZERO))
+                .is_none()
+        );
+        assert!(
+            v.observe_lateness(t0, SECOND / 4, Some(SECOND)).is_none(),
+            "on time"
+        );
+        let throttled = v
+            .observe_lateness(t0, 2 * SECOND, Some(SECOND))
+            .expect("late while throttled");
+        assert_eq!(throttled.throttled, Some(SECOND));
+        assert!(v.observe_lateness(t0, 4 * SECOND, None).is_some());
+    }
+
+    #[test]
+    fn twelve_hangs_a_minute_are_each_named_on_some_line() {
+        // The default budget, with every reminder and end spending it too: one object
+        // after another black-holed, each held for 3 s past its deadline and released.
+        let t0 = Instant::now();
+        let mut v = Verdict::new(Config::default());
+        let deadline = 3 * SECOND;
+        let mut named = HashSet::new();
+        let mut in_flight: Vec<InFlight> = Vec::new();
+        let mut unnamed = 0;
+        for s in 0..120_u32 {
+            let now = t0 + s * SECOND;
+            // A new hang every 5 s during the first minute.
+            if s % 5 == 0 && s < 60 {
+                let i = u64::from(s / 5);
+                in_flight.push(reconcile(
+                    i,
+                    "configtemplates",
+                    &format!("o-{i:02}"),
+                    deadline,
+                    now,
+                ));
+            }
+            let (done, running): (Vec<InFlight>, Vec<InFlight>) = in_flight
+                .drain(..)
+                .partition(|r| r.elapsed(now) >= 2 * deadline);
+            in_flight = running;
+            let ended = done
+                .iter()
+                .map(|r| ended(r, Outcome::Ok, r.elapsed(now)))
+                .collect();
+            let d = v.step(&in_flight, ended, None, now);
+            unnamed += d.hangs_unnamed;
+            for event in &d.events {
+                match event {
+                    Event::Hung { reconcile, .. } => {
+                        named.insert(reconcile.object.to_string());
+                    }
+                    Event::Summary(s) if s.kind == SummaryKind::Hung => {
+                        named.extend(
+                            s.named
+                                .split(", ")
+                                .map(|n| n["configtemplates ".len()..].to_owned()),
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let all: HashSet<String> = (0..12).map(|i| format!("ns/o-{i:02}")).collect();
+        assert_eq!(named, all);
+        assert_eq!(unnamed, 0);
     }
 
     #[test]
