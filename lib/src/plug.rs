@@ -215,6 +215,8 @@ mod tests {
                 kind: SummaryKind::Hung,
                 count: 140,
                 by_group: "widgets awaiting 140".into(),
+                named: "widgets ns/x".into(),
+                unnamed: 139,
             }),
             Event::StillHung {
                 reconcile: reconcile("b", t0),
