@@ -21,10 +21,12 @@ export K8S_OPENAPI_ENABLED_VERSION=1.37
 
 public_api() {
     # rustdoc's JSON output is unstable, hence RUSTC_BOOTSTRAP; default features, as
-    # `reconcile-watchdog = "0.1"` builds.
-    RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet --locked -p reconcile-watchdog --lib \
-        -- -Z unstable-options --output-format json
-    python3 tests/public_api.py "$target/doc/reconcile_watchdog.json"
+    # `reconcile-watchdog = "0.1"` builds. A target directory of its own: cargo rebuilds
+    # every dependency when RUSTC_BOOTSTRAP changes, and the builds above would then
+    # undo each other's on every run.
+    RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$target/public-api" cargo rustdoc --quiet --locked \
+        -p reconcile-watchdog --lib -- -Z unstable-options --output-format json
+    python3 tests/public_api.py "$target/public-api/doc/reconcile_watchdog.json"
 }
 
 if [[ "${1:-}" == "--update-public-api" ]]; then
