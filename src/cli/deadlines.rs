@@ -13,7 +13,6 @@ use http::Uri;
 
 use super::flags;
 use reconcile_watchdog::deadlines::Report;
-use reconcile_watchdog::deadlines::view::cell;
 
 /// Errors of `deadlines`.
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +158,7 @@ pub fn main(args: &DeadlinesArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("error: {}", reconcile_watchdog::kube::error_chain(&error));
+            eprintln!("error: {}", super::error_chain(&error));
             ExitCode::FAILURE
         }
     }
@@ -361,6 +360,23 @@ pub fn render(report: &Report, url: &str) -> String {
         out.push_str(&format!("  {}: {}\n", c.controller, c.reasoning));
     }
     out
+}
+
+/// Seconds for a table cell, to the millisecond (`1s 250ms`), or to the microsecond
+/// below one; `-` when unknown.
+fn cell(seconds: Option<f64>) -> String {
+    seconds.filter(|s| s.is_finite() && *s >= 0.0).map_or_else(
+        || "-".to_owned(),
+        |s| {
+            let d = Duration::from_secs_f64(s);
+            let rounded = if d < Duration::from_millis(1) {
+                Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            } else {
+                Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            };
+            humantime::format_duration(rounded).to_string()
+        },
+    )
 }
 
 #[cfg(test)]

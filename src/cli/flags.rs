@@ -7,7 +7,6 @@ use clap::{Args, ValueEnum};
 
 use reconcile_watchdog::guard::Deadlines;
 use reconcile_watchdog::monitor::HangPolicy;
-use reconcile_watchdog::probes::parse_bind_address;
 
 /// The watchdog's flags. Durations are humantime (`90s`, `5m`, `1h30m`); each flag is
 /// also read from the environment variable named beside it in `--help`.
@@ -364,8 +363,15 @@ fn near_miss_threshold(s: &str) -> Result<NearMissThreshold, String> {
     Ok(NearMissThreshold::Share(percent / 100.0))
 }
 
+/// A bind address: `host:port`, `[::]:port`, or Go's `:port` (all interfaces).
 fn bind_address(s: &str) -> Result<SocketAddr, String> {
-    parse_bind_address(s).map_err(|e| e.to_string())
+    let candidate = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_owned(),
+    };
+    candidate.parse().map_err(|_| {
+        format!("invalid bind address {s:?}: expected host:port, [ipv6]:port or :port")
+    })
 }
 
 fn metrics_address(s: &str) -> Result<MetricsAddress, String> {
@@ -392,6 +398,23 @@ fn deadline_override(s: &str) -> Result<(String, Duration), String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn bind_addresses() {
+        assert_eq!(
+            bind_address(":8081").unwrap(),
+            "0.0.0.0:8081".parse().unwrap()
+        );
+        assert_eq!(
+            bind_address("127.0.0.1:0").unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert_eq!(bind_address("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
+        for bad in ["", ":", "8081", "localhost:80", ":99999", "1.2.3.4"] {
+            assert!(bind_address(bad).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

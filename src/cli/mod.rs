@@ -162,11 +162,27 @@ fn flag_of_non_utf8_value(args: &[std::ffi::OsString]) -> Option<String> {
 }
 
 /// Exit status 1 with the whole error chain on stderr.
+/// An error and its sources, joined by `: `; a source whose text its error already
+/// repeats (kube's errors do) is not repeated again.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
 fn report<E: std::error::Error + 'static>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", reconcile_watchdog::kube::error_chain(&error));
+            eprintln!("error: {}", error_chain(&error));
             ExitCode::FAILURE
         }
     }

@@ -8,13 +8,14 @@ use std::time::Duration;
 use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
 
+use super::error_chain;
 use super::flags::{Defaults, WatchdogArgs};
 use super::logging;
 use crate::operator::{self, Context};
 use reconcile_watchdog::kube::events::HangEvents;
 use reconcile_watchdog::kube::leader::{self, LeaderElection};
 use reconcile_watchdog::kube::watches::Watches;
-use reconcile_watchdog::kube::{ApiServerCheck, Controllers, error_chain};
+use reconcile_watchdog::kube::{ApiServerCheck, Controllers};
 use reconcile_watchdog::shutdown::{Ending, Supervisor};
 
 /// `run`'s flags.

@@ -26,9 +26,9 @@
 //! assert_eq!(report.controllers[0].flag, None); // too few reconciles to suggest one
 //! ```
 
-pub mod sketch;
-pub mod suggest;
-pub mod view;
+mod sketch;
+mod suggest;
+pub(crate) mod view;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use crate::guard::{ControllerObserver, Deadlines, LateEnd, Observer, Outcome};
 
-pub use suggest::{MIN_RECONCILES, Suggestion, suggest};
+pub use suggest::MIN_RECONCILES;
 pub use view::{ControllerReport, DeadlineSource, Report};
 
 /// At most one near-miss WARN per controller in this period; the next one says how
@@ -264,7 +264,7 @@ fn warn_near_miss(end: &LateEnd<'_>, unlogged: u64) {
 
 /// The share of `deadlines` as a flag value: `80%`, or `off`.
 #[must_use]
-pub fn threshold_text(deadlines: &Deadlines) -> String {
+pub(crate) fn threshold_text(deadlines: &Deadlines) -> String {
     deadlines
         .near_miss()
         .map_or_else(|| "off".to_owned(), |share| format!("{}%", share * 100.0))

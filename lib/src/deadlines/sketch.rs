@@ -14,7 +14,7 @@ const SUB_BITS: u32 = 4;
 const SUB: u64 = 1 << SUB_BITS;
 
 /// Buckets of one sketch: every `u64` of nanoseconds has one (7.8 KiB of counts).
-pub const BUCKETS: usize = ((64 - SUB_BITS as usize) + 1) * SUB as usize;
+pub(crate) const BUCKETS: usize = ((64 - SUB_BITS as usize) + 1) * SUB as usize;
 
 /// The bucket of `nanos`.
 fn bucket(nanos: u64) -> usize {
@@ -39,7 +39,7 @@ fn upper_bound(index: usize) -> u64 {
 }
 
 /// Durations recorded so far, in buckets.
-pub struct Sketch {
+pub(crate) struct Sketch {
     counts: Box<[AtomicU64]>,
     max: AtomicU64,
 }
@@ -63,7 +63,7 @@ impl Default for Sketch {
 
 impl Sketch {
     /// Records one duration.
-    pub fn record(&self, elapsed: Duration) {
+    pub(crate) fn record(&self, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.counts[bucket(nanos)].fetch_add(1, Ordering::Relaxed);
         // A load first: once the maximum is known, a read-modify-write is rare.
@@ -75,7 +75,7 @@ impl Sketch {
     /// Takes back one duration recorded before (a reconcile found to have hung).
     /// The exact maximum cannot be taken back: the summary's maximum is then the upper
     /// bound of the highest bucket still counted.
-    pub fn forget(&self, elapsed: Duration) {
+    pub(crate) fn forget(&self, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         let _ =
             self.counts[bucket(nanos)]
@@ -84,7 +84,7 @@ impl Sketch {
 
     /// A copy to compute quantiles from. Concurrent records may land on either side.
     #[must_use]
-    pub fn summary(&self) -> Summary {
+    pub(crate) fn summary(&self) -> Summary {
         let counts: Vec<u64> = self
             .counts
             .iter()
@@ -101,7 +101,7 @@ impl Sketch {
 
 /// A copy of a [`Sketch`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     counts: Vec<u64>,
     count: u64,
     max: Duration,
@@ -110,7 +110,7 @@ pub struct Summary {
 impl Summary {
     /// A summary of `durations`, for tests and synthetic distributions.
     #[must_use]
-    pub fn of(durations: impl IntoIterator<Item = Duration>) -> Self {
+    pub(crate) fn of(durations: impl IntoIterator<Item = Duration>) -> Self {
         let sketch = Sketch::default();
         for d in durations {
             sketch.record(d);
@@ -120,20 +120,20 @@ impl Summary {
 
     /// How many durations were recorded.
     #[must_use]
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count
     }
 
     /// The longest, exactly.
     #[must_use]
-    pub fn max(&self) -> Duration {
+    pub(crate) fn max(&self) -> Duration {
         self.max
     }
 
     /// The `q`-quantile (0 < q ≤ 1): the upper bound of the bucket holding the
     /// ⌈q·count⌉-th shortest duration, never above the maximum. `None` when empty.
     #[must_use]
-    pub fn quantile(&self, q: f64) -> Option<Duration> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<Duration> {
         if self.count == 0 {
             return None;
         }

@@ -15,7 +15,7 @@ pub const MIN_RECONCILES: u64 = 100;
 
 /// No suggestion is shorter: below a second, a scheduling hiccup or a slow API
 /// answer would fail a healthy reconcile, and the watchdog scans once a second.
-pub const FLOOR: Duration = Duration::from_secs(1);
+pub(crate) const FLOOR: Duration = Duration::from_secs(1);
 
 /// How many times p99.9 the suggestion leaves as headroom.
 const P999_FACTOR: u32 = 3;
@@ -24,7 +24,7 @@ const MAX_FACTOR_HALVES: u32 = 3;
 
 /// What the advisor says about one controller's deadline.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Suggestion {
+pub(crate) enum Suggestion {
     /// Too few reconciles ended to suggest anything.
     TooFew {
         /// How many ended.
@@ -41,7 +41,7 @@ pub enum Suggestion {
 
 /// The deadline suggested for durations `observed`, given the `current` deadline.
 #[must_use]
-pub fn suggest(observed: &Summary, current: Duration) -> Suggestion {
+pub(crate) fn suggest(observed: &Summary, current: Duration) -> Suggestion {
     let count = observed.count();
     let Some(p999) = observed.quantile(0.999).filter(|_| count >= MIN_RECONCILES) else {
         return Suggestion::TooFew { observed: count };
@@ -95,7 +95,7 @@ const LADDER_MS: [u64; 39] = [
 
 /// The smallest readable value at or above `d` (at least one second).
 #[must_use]
-pub fn readable(d: Duration) -> Duration {
+pub(crate) fn readable(d: Duration) -> Duration {
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     // A fraction of a millisecond rounds up too.
     let ms = if Duration::from_millis(ms) < d {
@@ -113,7 +113,7 @@ pub fn readable(d: Duration) -> Duration {
 /// otherwise milliseconds (`90s` and `1500ms` rather than `1m 30s` and `1s 500ms`,
 /// which need quoting on a command line).
 #[must_use]
-pub fn flag_value(d: Duration) -> String {
+pub(crate) fn flag_value(d: Duration) -> String {
     let ms = d.as_millis();
     if ms == 0 || !ms.is_multiple_of(1_000) {
         return format!("{ms}ms");
@@ -131,7 +131,7 @@ pub fn flag_value(d: Duration) -> String {
 /// `d` for a person, to the millisecond (`1s 250ms`, `4m 3s`), or to the microsecond
 /// below a millisecond.
 #[must_use]
-pub fn show(d: Duration) -> String {
+pub(crate) fn show(d: Duration) -> String {
     let rounded = if d < Duration::from_millis(1) {
         Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
     } else {

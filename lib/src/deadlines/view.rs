@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use warp::http::{Response, header};
 
 use super::sketch::Summary;
-use super::suggest::{Suggestion, flag_value, show, suggest};
+use super::suggest::{Suggestion, flag_value, suggest};
 use super::{Advisor, MIN_RECONCILES, Stats, threshold_text};
 use crate::guard::Registry;
 
@@ -146,7 +146,7 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
 
 /// `--reconcile-deadline-for NAME=VALUE`.
 #[must_use]
-pub fn flag_line(controller: &str, deadline: Duration) -> String {
+pub(crate) fn flag_line(controller: &str, deadline: Duration) -> String {
     format!(
         "--reconcile-deadline-for {controller}={}",
         flag_value(deadline)
@@ -155,7 +155,7 @@ pub fn flag_line(controller: &str, deadline: Duration) -> String {
 
 /// The response to `GET /debug/deadlines`: the report as pretty JSON.
 #[must_use]
-pub fn respond(advisor: &Advisor, registry: &Registry) -> Response<String> {
+pub(crate) fn respond(advisor: &Advisor, registry: &Registry) -> Response<String> {
     let body =
         serde_json::to_string_pretty(&advisor.report(registry)).unwrap_or_else(|_| "{}".into());
     let mut response = Response::new(body);
@@ -164,14 +164,6 @@ pub fn respond(advisor: &Advisor, registry: &Registry) -> Response<String> {
         header::HeaderValue::from_static("application/json"),
     );
     response
-}
-
-/// `d` for a table cell.
-#[must_use]
-pub fn cell(seconds: Option<f64>) -> String {
-    seconds
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map_or_else(|| "-".to_owned(), |s| show(Duration::from_secs_f64(s)))
 }
 
 #[cfg(test)]

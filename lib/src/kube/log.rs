@@ -8,7 +8,7 @@ use ::kube::runtime::watcher;
 
 /// An error and its sources, joined by `: ` (as `anyhow` prints `{:#}`). A source
 /// whose text its error already repeats (kube's errors do) is not repeated again.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

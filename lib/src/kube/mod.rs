@@ -29,5 +29,5 @@ pub mod watches;
 
 pub use apiserver::ApiServerCheck;
 pub use controllers::{Controllers, INFORMER_SYNC};
-pub use log::error_chain;
+pub(crate) use log::error_chain;
 pub use reconciler::{GuardedReconcile, guarded, object_key};

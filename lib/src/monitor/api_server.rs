@@ -64,7 +64,8 @@ impl ApiServerStatus {
     }
 
     /// Waits until asked, or for `timeout`; clears the request.
-    pub fn wait_asked(&self, timeout: Duration) {
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the kube check's alone
+    pub(crate) fn wait_asked(&self, timeout: Duration) {
         let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
         let (mut asked, _) = self
             .ask

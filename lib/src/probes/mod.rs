@@ -13,4 +13,4 @@ pub mod server;
 
 pub use debug::DebugViews;
 pub use routes::Probes;
-pub use server::{Error, Handler, HttpServer, Limits, Request, parse_bind_address};
+pub use server::{Error, Handler, HttpServer, Limits, Request};

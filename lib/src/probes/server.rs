@@ -38,18 +38,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// An address that is neither `host:port` nor `:port`.
-    #[error("invalid bind address {0:?}: expected host:port, [ipv6]:port or :port")]
-    Address(String),
-}
-
-/// Parses a bind address: `host:port`, `[::]:port`, or Go's `:port` (all interfaces).
-pub fn parse_bind_address(s: &str) -> Result<SocketAddr, Error> {
-    let candidate = match s.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => s.to_owned(),
-    };
-    candidate.parse().map_err(|_| Error::Address(s.to_owned()))
 }
 
 /// One request, as a handler sees it.
@@ -357,25 +345,6 @@ mod tests {
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
                 Err(_) => return false,
             }
-        }
-    }
-
-    #[test]
-    fn bind_addresses() {
-        assert_eq!(
-            parse_bind_address(":8081").unwrap(),
-            "0.0.0.0:8081".parse().unwrap()
-        );
-        assert_eq!(
-            parse_bind_address("127.0.0.1:0").unwrap(),
-            "127.0.0.1:0".parse().unwrap()
-        );
-        assert_eq!(
-            parse_bind_address("[::1]:9").unwrap(),
-            "[::1]:9".parse().unwrap()
-        );
-        for bad in ["", ":", "8081", "localhost:80", ":99999", "1.2.3.4"] {
-            assert!(parse_bind_address(bad).is_err(), "{bad}");
         }
     }
 

@@ -26,7 +26,8 @@ pub use kernel::KernelState;
 /// How many stack captures were refused because an earlier one never left the signal
 /// handler's unwinder ([`Error::Stuck`]): from the first, signal capture is off.
 #[must_use]
-pub fn stuck_captures() -> u64 {
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // the metrics' alone
+pub(crate) fn stuck_captures() -> u64 {
     #[cfg(all(feature = "stack-capture", target_os = "linux"))]
     return signal::stuck_refusals();
     #[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
@@ -245,7 +246,7 @@ pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
 /// that `is_last` picks: resolving is the slow part (each frame's debug info is loaded
 /// on first use), and what lies below a known frame is often the same every time.
 /// Symbols are resolved on the calling thread, never in the signal handler.
-pub fn capture_until(
+pub(crate) fn capture_until(
     tid: u32,
     timeout: Duration,
     is_last: impl Fn(&Frame) -> bool,
