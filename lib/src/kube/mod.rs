@@ -24,6 +24,7 @@ mod controllers;
 pub mod leader;
 mod log;
 mod reconciler;
+pub mod requests;
 pub mod watches;
 
 pub use apiserver::ApiServerCheck;
