@@ -7,6 +7,7 @@
 mod ha;
 mod harness;
 mod mass;
+mod requests;
 #[path = "../support/mod.rs"]
 mod support;
 mod watches;
