@@ -31,6 +31,8 @@ pub use registry::{LateEnd, NEAR_MISS_SHARE};
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;
+#[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
+pub(crate) use thread::task_id_number;
 pub(crate) use thread::{attribute_requests, current_entry, offer_label};
 pub(crate) use waits::Outgoing;
 pub use waits::{RequestWait, Waiting};

@@ -134,6 +134,11 @@ impl InfoCache {
 
 /// The current tokio task's id as a number, or 0 outside a task.
 pub(crate) fn current_task_id() -> u64 {
+    tokio::task::try_id().map_or(0, task_id_number)
+}
+
+/// A tokio task id as the number it prints as.
+pub(crate) fn task_id_number(id: tokio::task::Id) -> u64 {
     // tokio::task::Id has no public integer accessor, but it hashes as its u64.
     struct Capture(u64);
     impl Hasher for Capture {
@@ -149,11 +154,9 @@ pub(crate) fn current_task_id() -> u64 {
             self.0 = n;
         }
     }
-    tokio::task::try_id().map_or(0, |id| {
-        let mut h = Capture(0);
-        id.hash(&mut h);
-        h.finish()
-    })
+    let mut h = Capture(0);
+    id.hash(&mut h);
+    h.finish()
 }
 
 #[cfg(target_os = "linux")]

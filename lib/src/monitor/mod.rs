@@ -9,6 +9,26 @@ pub mod api_server;
 mod inspect;
 pub mod report;
 pub mod summary;
+#[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
+mod task_dump;
+#[cfg(not(all(feature = "task-dump", tokio_unstable, target_os = "linux")))]
+mod task_dump {
+    //! Without the `task-dump` feature and `--cfg tokio_unstable`: no task traces.
+
+    /// Gives no trace.
+    #[derive(Debug)]
+    pub(crate) struct TaskTraces;
+
+    impl TaskTraces {
+        pub(crate) fn new(_: Option<tokio::runtime::Handle>) -> Self {
+            Self
+        }
+
+        pub(crate) fn of(&self, _: &super::verdict::Event, _: bool) -> Option<String> {
+            None
+        }
+    }
+}
 pub mod verdict;
 #[cfg(test)]
 mod verdict_props;
@@ -388,6 +408,7 @@ fn run(
     let mut counts = Vec::new();
     let mut next = Instant::now();
     let mut inspector = inspect::Inspector::new(*diagnostics, registry.clone());
+    let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -422,10 +443,11 @@ fn run(
         let sample = runtime.map(RuntimeHeartbeat::sample);
         for event in &decision.events {
             let threads = inspector.inspect(event, now);
-            report::emit(event, now, sample, &threads);
-            if !threads.is_empty() {
-                // Capturing stacks is work, not a stall: keep the `watchdog` check from
-                // calling it one.
+            let task_trace = task_traces.of(event, stalled);
+            report::emit(event, now, sample, &threads, task_trace.as_deref());
+            if !threads.is_empty() || task_trace.is_some() {
+                // Capturing stacks or a task dump is work, not a stall: keep the
+                // `watchdog` check from calling it one.
                 status.beat.beat(Instant::now());
             }
         }

@@ -133,8 +133,15 @@ fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
 
 /// Writes one verdict event to the log. `now` is the scan's clock; `runtime` is a
 /// sample of the runtime's metrics, used by the stall report; `threads` are the stuck
-/// threads the event is about, inspected (by the monitor's inspector).
-pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads: &[StuckThread]) {
+/// threads the event is about, inspected (by the monitor's inspector); `task_trace` is
+/// the async backtrace of an awaiting hung reconcile's task (feature `task-dump`).
+pub fn emit(
+    event: &Event,
+    now: Instant,
+    runtime: Option<RuntimeSample>,
+    threads: &[StuckThread],
+    task_trace: Option<&str>,
+) {
     let (kernel_state, stack) = thread_fields(threads);
     macro_rules! reconcile_event {
         ($level:ident, $f:expr, $state:expr, $action:expr, $($msg:tt)+) => {{
@@ -160,6 +167,7 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
                 action = %$action,
                 kernel_state = kernel_state.as_deref(),
                 stack = stack.as_deref().map(tracing::field::display),
+                task_trace = task_trace.map(tracing::field::display),
                 $($msg)+
             );
         }};
