@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The facts of one entry; locked briefly by their writers, and only tried by readers
@@ -46,19 +46,20 @@ impl Outgoing {
     }
 }
 
-/// The facts of an entry, locked by writers.
-pub(crate) struct FactsCell(Mutex<Facts>);
+/// The facts of an entry, made at the first fact: an entry without any (no client
+/// layer, no label) pays one word and no allocation for them.
+pub(crate) struct FactsCell(OnceLock<Box<Mutex<Facts>>>);
 
 impl FactsCell {
     pub(crate) const fn new() -> Self {
-        Self(Mutex::new(Facts {
-            requests: Vec::new(),
-            label: None,
-        }))
+        Self(OnceLock::new())
     }
 
     fn write(&self) -> std::sync::MutexGuard<'_, Facts> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0
+            .get_or_init(Box::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn request_sent(&self, request: Arc<Outgoing>) {
@@ -66,19 +67,27 @@ impl FactsCell {
     }
 
     pub(crate) fn request_done(&self, request: &Arc<Outgoing>) {
-        let mut facts = self.write();
+        let Some(facts) = self.0.get() else {
+            return;
+        };
+        let mut facts = facts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(at) = facts.requests.iter().position(|r| Arc::ptr_eq(r, request)) {
             facts.requests.remove(at);
         }
     }
 
     pub(crate) fn set_label(&self, label: Option<&'static str>) {
-        self.write().label = label;
+        if label.is_some() || self.0.get().is_some() {
+            self.write().label = label;
+        }
     }
 
     /// What a snapshot shows of them at `now`; `None` when a writer holds them.
     pub(crate) fn read(&self, now: Instant) -> Option<(Option<RequestWait>, Option<&'static str>)> {
-        let facts = self.0.try_lock().ok()?;
+        let Some(facts) = self.0.get() else {
+            return Some((None, None));
+        };
+        let facts = facts.try_lock().ok()?;
         let request = facts.requests.first().map(|oldest| RequestWait {
             method: oldest.method.clone(),
             path: redacted(&oldest.path),
