@@ -3,13 +3,15 @@
 //! request through the attribution layer inside a guarded reconcile beside the same
 //! request bare; and a labelled await beside a bare one.
 
+// Only the no-op reconcile and its driver are used here.
+#[allow(dead_code)]
 mod support;
 
 use std::hint::black_box;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use http_body::{Body, Frame};
 use reconcile_watchdog::guard::{ControllerHandle, ObjectKey, Registry};
 use reconcile_watchdog::kube::requests;
@@ -75,45 +77,98 @@ where
     assert_eq!(drive(handle.guard(object.clone(), reconcile)), Ok(Ok(1)));
 }
 
+/// One reconcile of each case, by name.
+struct Cases {
+    registry: Registry,
+    handle: ControllerHandle,
+    object: ObjectKey,
+    attributed: Option<requests::RequestService<Server>>,
+}
+
+impl Cases {
+    fn new() -> Self {
+        let registry = Registry::new(support::DEADLINE);
+        Self {
+            handle: registry.controller("configmaps", "ConfigMap"),
+            registry,
+            object: ObjectKey::namespaced("default", "app"),
+            attributed: None,
+        }
+    }
+
+    /// Makes the request layer: from now on guards publish their reconcile.
+    fn attribute(&mut self) {
+        self.attributed = Some(requests::layer().layer(Server));
+    }
+
+    fn run(&mut self, case: &str) {
+        let (handle, object) = (&self.handle, &self.object);
+        match case {
+            // A reconcile that awaits once: two polls, published to the thread or not.
+            "poll" => {
+                let done = drive(handle.guard(object.clone(), NoOp::new(Shape::YieldOnce)));
+                assert!(matches!(black_box(done), Ok(Ok(()))));
+            }
+            "request/bare" => reconcile_with_request(handle, object, &mut Server),
+            "request/attributed" => {
+                let service = self.attributed.as_mut().expect("attribute() first");
+                reconcile_with_request(handle, object, service);
+            }
+            "await/bare" => {
+                let done = drive(
+                    handle.guard(object.clone(), async { NoOp::new(Shape::YieldOnce).await }),
+                );
+                assert!(matches!(black_box(done), Ok(Ok(()))));
+            }
+            "await/labelled" => {
+                let done = drive(handle.guard(object.clone(), async {
+                    reconcile_watchdog::label(
+                        "waiting for the cert issuer",
+                        NoOp::new(Shape::YieldOnce),
+                    )
+                    .await
+                }));
+                assert!(matches!(black_box(done), Ok(Ok(()))));
+            }
+            other => panic!("no case {other}"),
+        }
+    }
+}
+
 fn waits(c: &mut Criterion) {
-    let registry = Registry::new(support::DEADLINE);
-    let handle = registry.controller("configmaps", "ConfigMap");
-    let object = ObjectKey::namespaced("default", "app");
+    let mut cases = Cases::new();
     let mut group = c.benchmark_group("waits");
-
     // Before any request layer exists, guards do not publish their reconcile.
-    let yield_once = || drive(handle.guard(object.clone(), NoOp::new(Shape::YieldOnce)));
-    group.bench_function("poll/unpublished", |b| b.iter(|| black_box(yield_once())));
-    let mut attributed = requests::layer().layer(Server);
-    group.bench_function("poll/published", |b| b.iter(|| black_box(yield_once())));
-
-    group.bench_function("request/bare", |b| {
-        b.iter(|| reconcile_with_request(&handle, &object, &mut Server));
-    });
-    group.bench_function("request/attributed", |b| {
-        b.iter(|| reconcile_with_request(&handle, &object, &mut attributed));
-    });
-
-    group.bench_function("await/bare", |b| {
-        b.iter(|| {
-            black_box(drive(handle.guard(object.clone(), async {
-                NoOp::new(Shape::YieldOnce).await
-            })))
-        });
-    });
-    group.bench_function("await/labelled", |b| {
-        b.iter(|| {
-            black_box(drive(handle.guard(object.clone(), async {
-                reconcile_watchdog::label(
-                    "waiting for the cert issuer",
-                    NoOp::new(Shape::YieldOnce),
-                )
-                .await
-            })))
-        });
-    });
+    group.bench_function("poll/unpublished", |b| b.iter(|| cases.run("poll")));
+    cases.attribute();
+    group.bench_function("poll/published", |b| b.iter(|| cases.run("poll")));
+    for case in [
+        "request/bare",
+        "request/attributed",
+        "await/bare",
+        "await/labelled",
+    ] {
+        group.bench_function(case, |b| b.iter(|| cases.run(case)));
+    }
     group.finish();
-    assert!(registry.is_empty());
+    assert!(cases.registry.is_empty());
+}
+
+/// `count CASE N [published]`: `n` reconciles of one case and nothing else, for
+/// callgrind to count instructions (two runs, `n` and `2n`, cancel start-up out); the
+/// request cases and `published` make the request layer first.
+fn count(args: &[String]) {
+    let [case, n, rest @ ..] = args else {
+        panic!("usage: count CASE N [published]");
+    };
+    let mut cases = Cases::new();
+    if case.starts_with("request/") || rest.first().is_some_and(|a| a == "published") {
+        cases.attribute();
+    }
+    for _ in 0..n.parse::<u64>().expect("a count") {
+        cases.run(case);
+    }
+    assert!(cases.registry.is_empty());
 }
 
 criterion_group! {
@@ -123,4 +178,13 @@ criterion_group! {
         .measurement_time(std::time::Duration::from_secs(3));
     targets = waits
 }
-criterion_main!(benches);
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("count") {
+        count(&args[1..]);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
