@@ -18,10 +18,10 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use super::verdict::{Event, HangState, fmt_duration};
 
 /// The longest trace a report carries.
-pub const MAX_TRACE: usize = 2048;
+pub(crate) const MAX_TRACE: usize = 2048;
 
 /// How long the monitor waits for a dump before it reports without one.
-pub const DUMP_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DUMP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Asks the watched runtime for task traces.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ impl TaskTraces {
                     .find(|t| crate::guard::task_id_number(t.id()) == task)
                     .map_or_else(
                         || format!("none: task {task} is not in the dump"),
-                        |t| bounded(&t.trace().to_string(), MAX_TRACE),
+                        |t| bounded(&reconcile_frames(&t.trace().to_string()), MAX_TRACE),
                     ),
             ),
             Err(_) => Some(format!(
@@ -97,6 +97,29 @@ impl TaskTraces {
             )),
         }
     }
+}
+
+/// The frames of `trace` inside the guard's poll, which are the reconcile's own (the
+/// guard's, above them, are the same in every report), moved left to start a line.
+fn reconcile_frames(trace: &str) -> String {
+    let lines: Vec<&str> = trace.lines().collect();
+    let Some(guard) = lines
+        .iter()
+        .rposition(|l| l.contains("reconcile_watchdog::guard::guarded::Guarded<F>"))
+        .filter(|at| at + 1 < lines.len())
+    else {
+        return trace.to_owned();
+    };
+    let inner = &lines[guard + 1..];
+    let indent = inner[0].len() - inner[0].trim_start().len();
+    inner
+        .iter()
+        .map(|l| match l.get(..indent) {
+            Some(head) if head.trim().is_empty() => &l[indent..],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The first lines of `trace` that fit in `max` bytes, and a count of the rest.
@@ -160,6 +183,19 @@ mod tests {
             "{cut}"
         );
         assert_eq!(bounded("a\nb", MAX_TRACE), "a\nb");
+    }
+
+    #[test]
+    fn the_guard_s_own_frames_are_left_out() {
+        let trace = "╼ <reconcile_watchdog::guard::guarded::Guarded<F> as Future> at a.rs:1:1\n  └╼ std::panicking::catch_unwind at b.rs:2:2\n     └╼ <reconcile_watchdog::guard::guarded::Guarded<F> as Future>::poll at a.rs:3:3\n        └╼ demo::inject_hang at c.rs:4:4\n           └╼ demo::await_forever at c.rs:5:5";
+        assert_eq!(
+            reconcile_frames(trace),
+            "└╼ demo::inject_hang at c.rs:4:4\n   └╼ demo::await_forever at c.rs:5:5"
+        );
+        assert_eq!(
+            reconcile_frames("╼ other at x.rs:1:1"),
+            "╼ other at x.rs:1:1"
+        );
     }
 
     #[test]
