@@ -61,6 +61,7 @@ pub(crate) fn attribute_requests() {
 }
 
 /// Whether guards publish their reconcile to the thread while they poll it.
+#[inline]
 pub(crate) fn attributing() -> bool {
     ATTRIBUTING.load(Ordering::Relaxed)
 }
@@ -68,6 +69,7 @@ pub(crate) fn attributing() -> bool {
 /// Swaps `current` with the thread's current reconcile: called with the guard's own on
 /// a poll's entry, and again on its exit, which puts back what was there (an outer
 /// guard's, or none). Two moves of a pointer: no reference count changes.
+#[inline]
 pub(crate) fn swap_current(current: &mut Option<Weak<Entry>>) {
     CURRENT.with(|c| *current = c.replace(current.take()));
 }
@@ -83,12 +85,14 @@ pub(crate) fn current_entry() -> Option<Weak<Entry>> {
 }
 
 /// Replaces the thread's pending label, returning the one it held.
+#[inline]
 pub(crate) fn swap_label(label: Option<&'static str>) -> Option<&'static str> {
     LABEL.with(|l| l.replace(label))
 }
 
 /// Names the await under way unless an await inside it already did: called by a
 /// labelled future after its inner future returned pending.
+#[inline]
 pub(crate) fn offer_label(label: &'static str) {
     LABEL.with(|l| {
         if l.get().is_none() {

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The facts of one entry; locked briefly by their writers, and only tried by readers
@@ -47,47 +47,48 @@ impl Outgoing {
 }
 
 /// The facts of an entry, made at the first fact: an entry without any (no client
-/// layer, no label) pays one word and no allocation for them.
-pub(crate) struct FactsCell(OnceLock<Box<Mutex<Facts>>>);
+/// layer, no label) pays two words and no allocation for them, and its drop one test.
+pub(crate) struct FactsCell(Mutex<Option<Box<Facts>>>);
 
 impl FactsCell {
     pub(crate) const fn new() -> Self {
-        Self(OnceLock::new())
+        Self(Mutex::new(None))
     }
 
-    fn write(&self) -> std::sync::MutexGuard<'_, Facts> {
-        self.0
-            .get_or_init(Box::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<Facts>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn request_sent(&self, request: Arc<Outgoing>) {
-        self.write().requests.push(request);
+        self.lock()
+            .get_or_insert_with(Box::default)
+            .requests
+            .push(request);
     }
 
     pub(crate) fn request_done(&self, request: &Arc<Outgoing>) {
-        let Some(facts) = self.0.get() else {
-            return;
-        };
-        let mut facts = facts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(at) = facts.requests.iter().position(|r| Arc::ptr_eq(r, request)) {
+        if let Some(facts) = self.lock().as_mut()
+            && let Some(at) = facts.requests.iter().position(|r| Arc::ptr_eq(r, request))
+        {
             facts.requests.remove(at);
         }
     }
 
     pub(crate) fn set_label(&self, label: Option<&'static str>) {
-        if label.is_some() || self.0.get().is_some() {
-            self.write().label = label;
+        let mut facts = self.lock();
+        match (facts.as_mut(), label) {
+            (Some(facts), _) => facts.label = label,
+            (None, Some(_)) => facts.get_or_insert_with(Box::default).label = label,
+            (None, None) => {}
         }
     }
 
     /// What a snapshot shows of them at `now`; `None` when a writer holds them.
     pub(crate) fn read(&self, now: Instant) -> Option<(Option<RequestWait>, Option<&'static str>)> {
-        let Some(facts) = self.0.get() else {
+        let facts = self.0.try_lock().ok()?;
+        let Some(facts) = facts.as_ref() else {
             return Some((None, None));
         };
-        let facts = facts.try_lock().ok()?;
         let request = facts.requests.first().map(|oldest| RequestWait {
             method: oldest.method.clone(),
             path: redacted(&oldest.path),
