@@ -20,6 +20,13 @@ use super::verdict::{Event, HangState, fmt_duration};
 /// The longest trace a report carries.
 pub(crate) const MAX_TRACE: usize = 2048;
 
+/// The most tasks alive at which the runtime is asked for a dump. A dump pauses every
+/// worker while one traces every task, and its time grew much faster than the task
+/// count here: the demo's runtime (about 70 tasks) was dumped within the monitor's wait,
+/// while 1,000 tasks kept a worker tracing for more than 40 seconds
+/// (`docs/performance.md`).
+pub(crate) const MAX_TASKS: usize = 100;
+
 /// How long the monitor waits for a dump before it reports without one.
 pub(crate) const DUMP_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -59,6 +66,12 @@ impl TaskTraces {
             return Some(
                 "skipped: the runtime is stalled, and a dump waits for every worker".into(),
             );
+        }
+        let alive = handle.metrics().num_alive_tasks();
+        if alive > MAX_TASKS {
+            return Some(format!(
+                "skipped: {alive} tasks alive, more than {MAX_TASKS}; a dump would pause the runtime's workers for seconds"
+            ));
         }
         if handle.runtime_flavor() != RuntimeFlavor::MultiThread {
             // A current-thread runtime is dumped only from inside itself.
