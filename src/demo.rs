@@ -26,7 +26,8 @@ pub enum Error {
 /// How the demo's hanging reconcile hangs.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HangKind {
-    /// Awaits a future that is never woken.
+    /// Awaits a future that is never woken, in an await labelled
+    /// "waiting for the cert issuer".
     Await,
     /// Blocks inside its poll on a std mutex another thread holds.
     Block,
@@ -325,7 +326,11 @@ fn inject_hang(
         let release = Arc::clone(&release);
         let hang = async move {
             match kind {
-                HangKind::Await => await_forever(&release).await,
+                // Named, as an operator's author names the awaits worth naming: the
+                // hang report says which one it waits in.
+                HangKind::Await => {
+                    reconcile_watchdog::label(AWAIT_LABEL, await_forever(&release)).await;
+                }
                 HangKind::Block | HangKind::Wedge => take_config_lock(&release),
                 HangKind::Spin => spin_until_released(&release),
                 HangKind::None => {}
@@ -335,6 +340,9 @@ fn inject_hang(
         spawner.spawn(handle.guard(key, hang));
     }
 }
+
+/// The label of the `await` hang's await.
+pub const AWAIT_LABEL: &str = "waiting for the cert issuer";
 
 async fn await_forever(release: &Release) {
     let notified = release.notify.notified();

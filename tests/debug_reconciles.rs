@@ -14,7 +14,7 @@ use serde_json::Value;
 use support::{eventually, get};
 
 /// Every field of a row and its JSON type, as documented.
-const SCHEMA: [(&str, &str); 13] = [
+const SCHEMA: [(&str, &str); 17] = [
     ("controller", "string"),
     ("kind", "string"),
     ("object", "string"),
@@ -28,6 +28,10 @@ const SCHEMA: [(&str, &str); 13] = [
     ("thread", "string or null"),
     ("task_id", "integer or null"),
     ("cancel_requested", "boolean"),
+    ("waiting", "string or null"),
+    ("request", "object or null"),
+    ("label", "string or null"),
+    ("no_waker", "boolean"),
 ];
 
 fn type_of(value: &Value) -> &'static str {

@@ -47,7 +47,8 @@ fn start_demo(extra: &[&str]) -> Process {
     Process::demo(&args)
 }
 
-fn demo_hang(kind: &str, expected_state: &str) {
+/// Runs a `kind` hang through its checks; its ERROR report and `/debug/reconciles` row.
+fn demo_hang(kind: &str, expected_state: &str) -> (serde_json::Value, serde_json::Value) {
     let _serial = one_at_a_time();
     let mut process = start_demo(&[
         "--hang-after=2s",
@@ -120,7 +121,8 @@ fn demo_hang(kind: &str, expected_state: &str) {
 
     let errors = hang_reports(&process, "ERROR");
     assert_eq!(errors.len(), 1, "{errors:#?}");
-    let report = &errors[0];
+    let report = errors[0].clone();
+    let report = &report;
     assert_eq!(field(report, "controller"), "cert-renewer");
     assert_eq!(field(report, "kind"), "Certificate");
     assert_eq!(field(report, "state"), expected_state);
@@ -172,21 +174,34 @@ fn demo_hang(kind: &str, expected_state: &str) {
         );
     }
     process.child.kill().unwrap();
+    (report.clone(), rows[0].clone())
 }
 
 #[test]
-fn await_hang_fails_liveness_as_awaiting() {
-    demo_hang("await", "awaiting");
+fn await_hang_fails_liveness_as_awaiting_in_its_labelled_await() {
+    let (report, row) = demo_hang("await", "awaiting");
+    // The demo names its await: the report and the row say it waits there.
+    assert_eq!(
+        field(&report, "label"),
+        "waiting for the cert issuer",
+        "{report}"
+    );
+    assert!(
+        field(&report, "message")
+            .ends_with("waiting in the await labelled \"waiting for the cert issuer\""),
+        "{report}"
+    );
+    assert_eq!(row["label"], "waiting for the cert issuer", "{row}");
 }
 
 #[test]
 fn blocking_hang_fails_liveness_as_in_poll() {
-    demo_hang("block", "in-poll");
+    let _ = demo_hang("block", "in-poll");
 }
 
 #[test]
 fn busy_loop_fails_liveness_as_in_poll() {
-    demo_hang("spin", "in-poll");
+    let _ = demo_hang("spin", "in-poll");
 }
 
 #[test]

@@ -176,3 +176,28 @@ fn a_wedged_runtime_reports_the_reconciles_it_starves_as_its_victims() {
         "victims reported as awaits that never woke: {misattributed:#?}"
     );
 }
+
+/// Built with the `task-dump` feature and `RUSTFLAGS="--cfg tokio_unstable"` (its own
+/// cargo invocation in `.ci/test`): an await hang's report carries its task's trace.
+#[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
+#[test]
+fn task_trace_of_an_await_hang_names_the_function_awaiting() {
+    let demo = demo(&[
+        "--hang-kind",
+        "await",
+        "--hang-after",
+        "500ms",
+        "--reconcile-deadline",
+        "1s",
+        "--watchdog-interval",
+        "100ms",
+    ]);
+    let hung = event(&demo, "the await hang's report", |e| {
+        field(e, "message").starts_with("reconcile hung:") && field(e, "object") == "demo/cert-7"
+    });
+    let trace = field(&hung, "task_trace");
+    assert!(trace.contains("demo::await_forever"), "{hung}");
+    // The reconcile's frames, not the guard's around them.
+    assert!(!trace.contains("catch_unwind"), "{hung}");
+    assert!(trace.len() <= 2048, "{}", trace.len());
+}

@@ -132,6 +132,76 @@ fn a_future_pending_forever_is_awaiting_and_fails_liveness_under_restart() {
 }
 
 #[test]
+fn a_future_that_drops_its_waker_is_reported_never_wakeable_at_its_deadline() {
+    const C: &str = "waker-dropped";
+    const KEPT: &str = "waker-kept";
+    let rig = Rig::new(HangPolicy::Restart);
+    let rt = runtime(2);
+    // Returns pending and keeps no clone of its waker: nothing can ever wake it.
+    let dropped = std::future::poll_fn(|_| std::task::Poll::<Result<(), ()>>::Pending);
+    let dropped = rt.spawn(guarded(&rig, C, "a", dropped));
+    // Waits on a channel whose sender lives: its waker is held there.
+    let (_sender, receiver) = tokio::sync::oneshot::channel::<()>();
+    let kept = rt.spawn(guarded(&rig, KEPT, "b", async move {
+        receiver.await.map_err(|_| ())
+    }));
+
+    let hung = hang_report(C);
+    assert_eq!(hung.field("state"), Some("awaiting"), "{}", dump(C));
+    assert_eq!(hung.field("waker"), Some("none"), "{}", dump(C));
+    assert!(
+        hung.message.ends_with("no waker alive: it can never wake"),
+        "{}",
+        hung.message
+    );
+    // At its deadline like any other hang, not before.
+    let elapsed = humantime::parse_duration(hung.field("elapsed").unwrap()).unwrap();
+    assert!(elapsed >= DEADLINE, "reported after {elapsed:?}");
+
+    let other = hang_report(KEPT);
+    assert_eq!(other.field("waker"), None, "{}", dump(KEPT));
+    assert!(
+        other
+            .message
+            .ends_with("waiting on an await that never woke"),
+        "{}",
+        other.message
+    );
+    dropped.abort();
+    kept.abort();
+    rig.wait_clean();
+}
+
+#[test]
+fn a_labelled_await_that_never_completes_is_named() {
+    const C: &str = "labelled";
+    let rig = Rig::new(HangPolicy::Restart);
+    let rt = runtime(2);
+    let (_sender, receiver) = tokio::sync::oneshot::channel::<()>();
+    let reconcile = async move {
+        reconcile_watchdog::label("waiting for the cert issuer", receiver)
+            .await
+            .map_err(|_| ())
+    };
+    let task = rt.spawn(guarded(&rig, C, "a", reconcile));
+    let hung = hang_report(C);
+    assert_eq!(
+        hung.field("label"),
+        Some("waiting for the cert issuer"),
+        "{}",
+        dump(C)
+    );
+    assert!(
+        hung.message
+            .ends_with("waiting in the await labelled \"waiting for the cert issuer\""),
+        "{}",
+        hung.message
+    );
+    task.abort();
+    rig.wait_clean();
+}
+
+#[test]
 fn a_tokio_mutex_never_released_is_cancelled_within_an_interval_and_liveness_stays_green() {
     const C: &str = "tokio-mutex";
     let rig = Rig::new(HangPolicy::Cancel);

@@ -29,6 +29,7 @@ pub mod guard;
 pub mod health;
 #[cfg(feature = "kube")]
 pub mod kube;
+pub mod label;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod monitor;
@@ -38,6 +39,7 @@ pub mod shutdown;
 pub mod stack;
 pub mod watchdog;
 
+pub use label::label;
 pub use watchdog::{Builder, Watchdog};
 
 /// The README's examples compile and run as doc tests.

@@ -88,6 +88,9 @@ pub struct HangReport<'a> {
     pub action: Option<Action>,
     /// How it ended, once it did.
     pub outcome: Option<Outcome>,
+    /// Where it waits, while it is stuck awaiting and the guard knows (the request in
+    /// flight, a labelled await, no waker alive).
+    pub waiting: Option<crate::guard::Waiting<'a>>,
 }
 
 /// Told of every per-reconcile line of the hang report (hung, still hung, ended) that
@@ -131,6 +134,7 @@ pub(crate) fn hang_reports(events: &[Event], now: Instant) -> impl Iterator<Item
             state: Some(*state),
             action: Some(*action),
             outcome: None,
+            waiting: reconcile.waiting(),
         }),
         Event::Ended(end) => Some(HangReport {
             reported: if end.outcome == Outcome::Cancelled {
@@ -146,6 +150,7 @@ pub(crate) fn hang_reports(events: &[Event], now: Instant) -> impl Iterator<Item
             state: None,
             action: None,
             outcome: Some(end.outcome),
+            waiting: None,
         }),
         _ => None,
     })
@@ -191,6 +196,9 @@ mod tests {
             thread: None,
             task_id: None,
             cancel_requested: false,
+            no_waker: false,
+            request: None,
+            label: None,
         }
     }
 

@@ -15,7 +15,7 @@ use crate::operator::{self, Context};
 use reconcile_watchdog::kube::events::HangEvents;
 use reconcile_watchdog::kube::leader::{self, LeaderElection};
 use reconcile_watchdog::kube::watches::Watches;
-use reconcile_watchdog::kube::{ApiServerCheck, Controllers};
+use reconcile_watchdog::kube::{ApiServerCheck, Controllers, requests};
 use reconcile_watchdog::shutdown::{Ending, Supervisor};
 
 /// `run`'s flags.
@@ -276,10 +276,12 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             // No read timeout (kube's default): the reference operator lets a request that
             // never returns hang, to show the watchdog catching it. An operator of your own
             // should set one; the watchdog is the backstop (docs/embedding.md).
-            // The watches' signs of life are dated on the client's responses.
+            // The watches' signs of life are dated on the client's responses, and each
+            // request a reconcile awaits is named in its hang report.
             let client = kube::client::ClientBuilder::try_from(config)
                 .map_err(Error::Client)?
                 .with_layer(&watches.layer())
+                .with_layer(&requests::layer())
                 .build();
             let ctx = Context {
                 client: client.clone(),

@@ -8,6 +8,7 @@ mod events;
 mod ha;
 mod harness;
 mod mass;
+mod requests;
 #[path = "../support/mod.rs"]
 mod support;
 mod watches;

@@ -9,6 +9,7 @@ use futures::task::AtomicWaker;
 
 use super::registry::Controller;
 use super::thread::{self, ThreadInfo};
+use super::waits::{FactsCell, RequestWait, Waiting};
 
 /// The object a reconcile works on, rendered once as `namespace/name` (or `name` for
 /// cluster-scoped objects) so that every later copy is a reference count.
@@ -139,7 +140,16 @@ pub(crate) struct Entry {
     /// reported too.
     reported_hung: AtomicBool,
     waker: AtomicWaker,
+    /// What it waits on: requests in flight and the innermost label, written off the
+    /// common path (see `waits`).
+    pub(crate) facts: FactsCell,
 }
+
+/// The strong references to an entry while its `Guarded` future lives: the registry's
+/// slot, the guard and the `Guarded`'s own waker. Every further one is a clone of that
+/// waker held by whatever the reconcile waits on (or a passing reader's, which only
+/// ever hides a lost waker for one scan, never invents one).
+const HELD_WITHOUT_WAKERS: usize = 3;
 
 impl Entry {
     pub(crate) fn new(controller: Arc<Controller>, object: ObjectKey, epoch: Epoch) -> Self {
@@ -156,6 +166,7 @@ impl Entry {
             woken: AtomicU64::new(0),
             reported_hung: AtomicBool::new(false),
             waker: AtomicWaker::new(),
+            facts: FactsCell::new(),
         }
     }
 
@@ -257,18 +268,23 @@ impl Entry {
     }
 
     /// A plain-data copy of the entry registered as `id`, taken alone.
-    pub(crate) fn snapshot(&self, id: u64) -> InFlight {
+    pub(crate) fn snapshot(self: &Arc<Self>, id: u64) -> InFlight {
         self.snapshot_at(id, &Clocks::now(), &mut thread::InfoCache::default())
     }
 
     /// A plain-data copy for the monitor and the debug view, one of many taken at
     /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
     pub(crate) fn snapshot_at(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         clocks: &Clocks,
         threads: &mut thread::InfoCache,
     ) -> InFlight {
+        // Counted before the poll state is read: a waker that wakes dates the wake
+        // before its reference goes (a release the fence pairs with), so a count that
+        // shows no waker left is never read beside a state from before that wake.
+        let wakers_gone = Arc::strong_count(self) <= HELD_WITHOUT_WAKERS;
+        std::sync::atomic::fence(Ordering::Acquire);
         let latest = self.poll.load(Ordering::Acquire);
         let began = self.instant(latest >> 1, clocks.now);
         let poll = match began {
@@ -279,6 +295,8 @@ impl Entry {
             },
         };
         let task_id = self.task_id.load(Ordering::Relaxed);
+        let polls = self.polls.load(Ordering::Acquire);
+        let (request, label) = self.facts.read(clocks.now).unwrap_or_default();
         InFlight {
             id,
             controller: Arc::clone(&self.controller.name),
@@ -293,7 +311,10 @@ impl Entry {
                 .checked_sub(clocks.now.saturating_duration_since(self.started))
                 .unwrap_or(clocks.wall),
             // Read after the stamp and before the thread: see `poll_begins`.
-            polls: self.polls.load(Ordering::Acquire),
+            polls,
+            no_waker: wakers_gone && polls > 0 && poll == PollState::Awaiting,
+            request,
+            label,
             poll,
             last_poll_began: began,
             thread: threads.info(self.thread.load(Ordering::Relaxed)),
@@ -392,9 +413,31 @@ pub struct InFlight {
     pub task_id: Option<u64>,
     /// The watchdog has asked it to stop.
     pub cancel_requested: bool,
+    /// It returned pending and every clone of its waker has been dropped since: it can
+    /// never be woken.
+    pub no_waker: bool,
+    /// The oldest API request it sent that is still in flight, when a client layer
+    /// attributes requests (`kube::requests`).
+    pub request: Option<RequestWait>,
+    /// The innermost labelled await pending at the end of its latest poll
+    /// ([`label`](crate::label())).
+    pub label: Option<&'static str>,
 }
 
 impl InFlight {
+    /// Where it waits, the most telling fact first: no waker alive, then an API request
+    /// in flight, then the innermost named await. `None` when nothing is known.
+    #[must_use]
+    pub fn waiting(&self) -> Option<Waiting<'_>> {
+        if self.no_waker {
+            return Some(Waiting::NoWaker);
+        }
+        if let Some(request) = &self.request {
+            return Some(Waiting::Request(request));
+        }
+        self.label.map(Waiting::Label)
+    }
+
     /// How long it has run at `now`.
     #[must_use]
     pub fn elapsed(&self, now: Instant) -> Duration {

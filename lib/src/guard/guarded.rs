@@ -4,13 +4,15 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
+use std::sync::Weak;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use super::entry::Outcome;
+use super::entry::{Entry, Outcome};
 use super::registry::Guard;
+use super::thread;
 
 /// Why a guarded reconcile produced no result of its own.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -44,6 +46,11 @@ pin_project! {
         guard: Option<Guard>,
         // The guard's waker, which dates wakes: made once, handed to every poll.
         waker: Waker,
+        // The entry, published to the thread during each poll while a client layer
+        // attributes requests; between polls, held here.
+        current: Option<Weak<Entry>>,
+        // The label last written to the entry, so that a poll writes only a change.
+        label: Option<&'static str>,
     }
 }
 
@@ -52,6 +59,8 @@ impl<F> Guarded<F> {
     pub fn new(guard: Guard, reconcile: F) -> Self {
         Self {
             waker: guard.waker(),
+            current: thread::attributing().then(|| guard.weak_entry()),
+            label: None,
             reconcile: Some(reconcile),
             guard: Some(guard),
         }
@@ -81,12 +90,25 @@ where
         };
 
         entry.poll_begins();
+        let published = this.current.is_some();
+        if published {
+            thread::swap_current(this.current);
+        }
+        let outer_label = thread::swap_label(None);
         let mut dated = Context::from_waker(this.waker);
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
+        let label = thread::swap_label(outer_label);
+        if published {
+            thread::swap_current(this.current);
+        }
         entry.poll_ends();
 
         match polled {
             Ok(Poll::Pending) => {
+                if !same_label(label, *this.label) {
+                    entry.facts.set_label(label);
+                    *this.label = label;
+                }
                 // The task's waker is registered only now, when there is a wait to
                 // wake it from (a reconcile that returns at once never pays for it).
                 // A wake of the guard's waker (or a cancel request) that came before
@@ -119,6 +141,16 @@ where
                 }))
             }
         }
+    }
+}
+
+/// The same label, told by address: labels are static strings, and comparing their
+/// text on every poll would cost what the label saves.
+fn same_label(a: Option<&'static str>, b: Option<&'static str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }
 

@@ -12,11 +12,13 @@ mod fanout;
 mod guarded;
 mod registry;
 mod thread;
+mod waits;
 
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 // The registry's hasher: crate-private, public only for this crate's own benchmarks.
+pub(crate) use entry::Entry;
 #[cfg(not(feature = "internals"))]
 pub(crate) use registry::BuildIdHasher;
 #[cfg(feature = "internals")]
@@ -30,3 +32,8 @@ pub use registry::{LateEnd, NEAR_MISS_SHARE};
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;
+#[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
+pub(crate) use thread::task_id_number;
+pub(crate) use thread::{attribute_requests, current_entry, offer_label};
+pub(crate) use waits::Outgoing;
+pub use waits::{RequestWait, Waiting};

@@ -576,6 +576,12 @@ impl Guard {
         &self.entry
     }
 
+    /// The entry, unowned, for the thread to name while the reconcile polls (request
+    /// attribution), without counting as a waker.
+    pub(crate) fn weak_entry(&self) -> std::sync::Weak<Entry> {
+        Arc::downgrade(&self.entry)
+    }
+
     /// The waker that dates the reconcile's wakes (see `Entry`'s `Wake`).
     pub(crate) fn waker(&self) -> std::task::Waker {
         std::task::Waker::from(Arc::clone(&self.entry))

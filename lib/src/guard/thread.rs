@@ -4,11 +4,14 @@
 //! reconcile; its name and kernel thread id are stored once in a process-wide table so
 //! that the per-poll cost is one thread-local read.
 
+use std::cell::Cell;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 
 use dashmap::DashMap;
+
+use super::entry::Entry;
 
 /// The OS thread a reconcile was last polled on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +41,64 @@ thread_local! {
         THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid() });
         Slot(slot)
     };
+}
+
+thread_local! {
+    /// The reconcile being polled on this thread, published by its guard while request
+    /// attribution is on, for the client layer to find.
+    static CURRENT: Cell<Option<Weak<Entry>>> = const { Cell::new(None) };
+    /// The innermost label pending in the poll under way (see `crate::label`).
+    static LABEL: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// Set once a client layer that attributes requests exists: from then on, guards
+/// publish their reconcile to the thread while they poll it.
+static ATTRIBUTING: AtomicBool = AtomicBool::new(false);
+
+/// Turns request attribution on for the guards made from now on.
+pub(crate) fn attribute_requests() {
+    ATTRIBUTING.store(true, Ordering::Relaxed);
+}
+
+/// Whether guards publish their reconcile to the thread while they poll it.
+#[inline]
+pub(crate) fn attributing() -> bool {
+    ATTRIBUTING.load(Ordering::Relaxed)
+}
+
+/// Swaps `current` with the thread's current reconcile: called with the guard's own on
+/// a poll's entry, and again on its exit, which puts back what was there (an outer
+/// guard's, or none). Two moves of a pointer: no reference count changes.
+#[inline]
+pub(crate) fn swap_current(current: &mut Option<Weak<Entry>>) {
+    CURRENT.with(|c| *current = c.replace(current.take()));
+}
+
+/// The reconcile being polled on this thread, if its guard published it.
+pub(crate) fn current_entry() -> Option<Weak<Entry>> {
+    CURRENT.with(|c| {
+        let current = c.take();
+        let copy = current.clone();
+        c.set(current);
+        copy
+    })
+}
+
+/// Replaces the thread's pending label, returning the one it held.
+#[inline]
+pub(crate) fn swap_label(label: Option<&'static str>) -> Option<&'static str> {
+    LABEL.with(|l| l.replace(label))
+}
+
+/// Names the await under way unless an await inside it already did: called by a
+/// labelled future after its inner future returned pending.
+#[inline]
+pub(crate) fn offer_label(label: &'static str) {
+    LABEL.with(|l| {
+        if l.get().is_none() {
+            l.set(Some(label));
+        }
+    });
 }
 
 /// The calling thread's slot (never 0).
@@ -79,6 +140,11 @@ impl InfoCache {
 /// The current tokio task's id as a number, or 0 outside a task.
 #[inline]
 pub(crate) fn current_task_id() -> u64 {
+    tokio::task::try_id().map_or(0, task_id_number)
+}
+
+/// A tokio task id as the number it prints as.
+pub(crate) fn task_id_number(id: tokio::task::Id) -> u64 {
     // tokio::task::Id has no public integer accessor, but it hashes as its u64.
     struct Capture(u64);
     impl Hasher for Capture {
@@ -94,11 +160,9 @@ pub(crate) fn current_task_id() -> u64 {
             self.0 = n;
         }
     }
-    tokio::task::try_id().map_or(0, |id| {
-        let mut h = Capture(0);
-        id.hash(&mut h);
-        h.finish()
-    })
+    let mut h = Capture(0);
+    id.hash(&mut h);
+    h.finish()
 }
 
 #[cfg(target_os = "linux")]

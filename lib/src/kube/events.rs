@@ -361,8 +361,9 @@ fn note(report: &HangReport<'_>) -> String {
         Reported::Hung | Reported::StillHung => {
             let state = report.state.map_or("", explain);
             let action = report.action.map_or("", |a| a.as_str());
+            let waiting = report.waiting.map(|w| format!("; {w}")).unwrap_or_default();
             format!(
-                "reconcile by {controller} has run {elapsed}, past its {deadline} deadline; {state}; {action}"
+                "reconcile by {controller} has run {elapsed}, past its {deadline} deadline; {state}{waiting}; {action}"
             )
         }
         Reported::Ended => {
@@ -719,6 +720,7 @@ mod tests {
             state: Some(HangState::Awaiting),
             action: Some(Action::FailLiveness),
             outcome: None,
+            waiting: None,
         }
     }
 
@@ -728,6 +730,14 @@ mod tests {
         assert_eq!(
             note(&report(Reported::Hung, &object)),
             "reconcile by widgets has run 4s 125ms, past its 2s deadline; waiting on an await that never woke; failing liveness (restart)"
+        );
+        let label = HangReport {
+            waiting: Some(crate::guard::Waiting::Label("the cert issuer")),
+            ..report(Reported::Hung, &object)
+        };
+        assert_eq!(
+            note(&label),
+            "reconcile by widgets has run 4s 125ms, past its 2s deadline; waiting on an await that never woke; waiting in the await labelled \"the cert issuer\"; failing liveness (restart)"
         );
         let ended = HangReport {
             state: None,

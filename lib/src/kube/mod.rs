@@ -25,6 +25,7 @@ pub mod events;
 pub mod leader;
 mod log;
 mod reconciler;
+pub mod requests;
 pub mod watches;
 
 pub use apiserver::ApiServerCheck;

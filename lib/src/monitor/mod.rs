@@ -10,6 +10,26 @@ pub(crate) mod cgroup;
 mod inspect;
 pub mod report;
 pub mod summary;
+#[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
+mod task_dump;
+#[cfg(not(all(feature = "task-dump", tokio_unstable, target_os = "linux")))]
+mod task_dump {
+    //! Without the `task-dump` feature and `--cfg tokio_unstable`: no task traces.
+
+    /// Gives no trace.
+    #[derive(Debug)]
+    pub(crate) struct TaskTraces;
+
+    impl TaskTraces {
+        pub(crate) fn new(_: Option<tokio::runtime::Handle>) -> Self {
+            Self
+        }
+
+        pub(crate) fn of(&self, _: &super::verdict::Event, _: bool) -> Option<String> {
+            None
+        }
+    }
+}
 pub mod verdict;
 #[cfg(test)]
 mod verdict_props;
@@ -411,6 +431,7 @@ fn run(
     // One small file read a scan, when cgroup v2 tells throttled time.
     let cpu_stat = cgroup::CpuStat::find().ok();
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
+    let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -454,11 +475,12 @@ fn run(
         let mut inspected = false;
         for event in &decision.events {
             let threads = inspector.inspect(event, now);
-            report::emit(event, now, sample, &threads);
-            if !threads.is_empty() {
+            let task_trace = task_traces.of(event, stalled);
+            report::emit(event, now, sample, &threads, task_trace.as_deref());
+            if !threads.is_empty() || task_trace.is_some() {
                 inspected = true;
-                // Capturing stacks is work, not a stall: keep the `watchdog` check from
-                // calling it one.
+                // Capturing stacks or a task dump is work, not a stall: keep the
+                // `watchdog` check from calling it one.
                 status.beat.beat(Instant::now());
             }
         }

@@ -38,6 +38,13 @@ struct Fields {
     last_poll_ago: String,
     thread: String,
     task_id: String,
+    /// `METHOD path` of the oldest request in flight.
+    waiting_on: Option<String>,
+    sent_ago: Option<String>,
+    response_head: Option<bool>,
+    label: Option<&'static str>,
+    /// `none` when no waker of it is alive.
+    waker: Option<&'static str>,
 }
 
 impl Fields {
@@ -61,6 +68,14 @@ impl Fields {
                 },
             ),
             task_id: r.task_id.map_or_else(|| "none".into(), |id| id.to_string()),
+            waiting_on: r
+                .request
+                .as_ref()
+                .map(|q| format!("{} {}", q.method, q.path)),
+            sent_ago: r.request.as_ref().map(|q| fmt_duration(q.sent_ago)),
+            response_head: r.request.as_ref().map(|q| q.response_head),
+            label: r.label,
+            waker: r.no_waker.then_some("none"),
         }
     }
 }
@@ -71,7 +86,10 @@ fn rfc3339(at: SystemTime) -> String {
 
 fn explain(r: &InFlight, state: HangState, now: Instant) -> String {
     match (state, r.poll) {
-        (HangState::Awaiting, _) => "waiting on an await that never woke".into(),
+        (HangState::Awaiting, _) => r.waiting().map_or_else(
+            || "waiting on an await that never woke".into(),
+            |w| w.to_string(),
+        ),
         (HangState::InPoll, _) => {
             "stuck inside a poll (a blocking call, a lock or a busy loop)".into()
         }
@@ -115,8 +133,15 @@ fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
 
 /// Writes one verdict event to the log. `now` is the scan's clock; `runtime` is a
 /// sample of the runtime's metrics, used by the stall report; `threads` are the stuck
-/// threads the event is about, inspected (by the monitor's inspector).
-pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads: &[StuckThread]) {
+/// threads the event is about, inspected (by the monitor's inspector); `task_trace` is
+/// the async backtrace of an awaiting hung reconcile's task (feature `task-dump`).
+pub fn emit(
+    event: &Event,
+    now: Instant,
+    runtime: Option<RuntimeSample>,
+    threads: &[StuckThread],
+    task_trace: Option<&str>,
+) {
     let (kernel_state, stack) = thread_fields(threads);
     macro_rules! reconcile_event {
         ($level:ident, $f:expr, $state:expr, $action:expr, $($msg:tt)+) => {{
@@ -134,9 +159,15 @@ pub fn emit(event: &Event, now: Instant, runtime: Option<RuntimeSample>, threads
                 last_poll_ago = %f.last_poll_ago,
                 thread = %f.thread,
                 task_id = %f.task_id,
+                waiting_on = f.waiting_on.as_deref(),
+                sent_ago = f.sent_ago.as_deref(),
+                response_head = f.response_head,
+                label = f.label,
+                waker = f.waker,
                 action = %$action,
                 kernel_state = kernel_state.as_deref(),
                 stack = stack.as_deref().map(tracing::field::display),
+                task_trace = task_trace.map(tracing::field::display),
                 $($msg)+
             );
         }};

@@ -129,6 +129,24 @@ struct DebugReconcile {
     thread: Option<String>,
     task_id: Option<u64>,
     cancel_requested: bool,
+    /// Where it waits, as the hang report says it (`InFlight::waiting`).
+    waiting: Option<String>,
+    /// The oldest API request in flight it sent.
+    request: Option<DebugRequest>,
+    /// The innermost labelled await pending.
+    label: Option<&'static str>,
+    /// Every clone of its waker has been dropped: it can never wake.
+    no_waker: bool,
+}
+
+/// The oldest API request a reconcile waits on.
+#[derive(Debug, Serialize)]
+struct DebugRequest {
+    method: String,
+    path: String,
+    sent_ago_seconds: f64,
+    response_head: bool,
+    more_in_flight: usize,
 }
 
 impl DebugReconcile {
@@ -154,6 +172,16 @@ impl DebugReconcile {
             thread: r.thread.as_ref().map(|t| t.name.to_string()),
             task_id: r.task_id,
             cancel_requested: r.cancel_requested,
+            waiting: r.waiting().map(|w| w.to_string()),
+            request: r.request.as_ref().map(|q| DebugRequest {
+                method: q.method.to_string(),
+                path: q.path.clone(),
+                sent_ago_seconds: q.sent_ago.as_secs_f64(),
+                response_head: q.response_head,
+                more_in_flight: q.more,
+            }),
+            label: r.label,
+            no_waker: r.no_waker,
         }
     }
 }

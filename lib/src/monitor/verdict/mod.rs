@@ -1158,6 +1158,9 @@ mod tests {
             }),
             task_id: Some(7),
             cancel_requested: false,
+            no_waker: false,
+            request: None,
+            label: None,
         }
     }
 
