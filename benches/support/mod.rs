@@ -31,10 +31,14 @@ const REGISTRY_SHARDS: usize = 256;
 pub enum Variant {
     /// The future alone: the cost of the reconcile itself.
     Unguarded,
-    /// Under the watchdog's guard (`ControllerHandle::guard`), with what `run` installs
-    /// on the registry: the deadline advisor and the metrics as observers, near misses
-    /// on. The guard as it ships.
+    /// Under the watchdog's guard (`ControllerHandle::guard`), with what `run` installs:
+    /// the deadline advisor and the metrics as the registry's observers, near misses on,
+    /// and a request layer, so that each guard publishes its reconcile to the thread
+    /// while it polls. The guard as it ships. (A request layer turns that on for the
+    /// whole process: the load program's `count` makes one for this variant alone.)
     Guarded,
+    /// The shipped guard without a request layer (an operator that does not add one).
+    GuardedNoRequests,
     /// The guard with the advisor but no metrics (`run --metrics-bind-address 0`).
     GuardedNoMetrics,
     /// The guard with the metrics but no advisor (no setting does this: it shows the
@@ -54,7 +58,8 @@ impl Variant {
     pub const ALL: [Self; 4] = [Self::Unguarded, Self::Guarded, Self::Floor, Self::Timeout];
 
     /// The guard with one diagnostic or another off, to show what each costs.
-    pub const PARTS_OFF: [Self; 3] = [
+    pub const PARTS_OFF: [Self; 4] = [
+        Self::GuardedNoRequests,
         Self::GuardedNoMetrics,
         Self::GuardedNoAdvisor,
         Self::GuardedBare,
@@ -74,6 +79,7 @@ impl Variant {
         match self {
             Self::Unguarded => "unguarded",
             Self::Guarded => "guarded",
+            Self::GuardedNoRequests => "guarded_no_requests",
             Self::GuardedNoMetrics => "guarded_no_metrics",
             Self::GuardedNoAdvisor => "guarded_no_advisor",
             Self::GuardedBare => "guarded_bare",
@@ -288,6 +294,7 @@ impl Ops {
         let ok = match variant {
             Variant::Unguarded => drive(NoOp::new(shape)).is_ok(),
             Variant::Guarded
+            | Variant::GuardedNoRequests
             | Variant::GuardedNoMetrics
             | Variant::GuardedNoAdvisor
             | Variant::GuardedBare => matches!(
