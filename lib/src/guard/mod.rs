@@ -17,8 +17,9 @@ mod waits;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
-// The registry's hasher: crate-private, public only for this crate's own benchmarks.
+#[cfg(feature = "kube")]
 pub(crate) use entry::Entry;
+// The registry's hasher: crate-private, public only for this crate's own benchmarks.
 #[cfg(not(feature = "internals"))]
 pub(crate) use registry::BuildIdHasher;
 #[cfg(feature = "internals")]
@@ -34,6 +35,10 @@ pub use thread::ThreadInfo;
 pub(crate) use thread::kernel_tid;
 #[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
 pub(crate) use thread::task_id_number;
-pub(crate) use thread::{attribute_requests, current_entry, offer_label};
+pub(crate) use thread::offer_label;
+// What the kube integration's request layer uses.
+#[cfg(feature = "kube")]
+pub(crate) use thread::{attribute_requests, current_entry};
+#[cfg(feature = "kube")]
 pub(crate) use waits::Outgoing;
 pub use waits::{RequestWait, Waiting};

@@ -56,6 +56,7 @@ thread_local! {
 static ATTRIBUTING: AtomicBool = AtomicBool::new(false);
 
 /// Turns request attribution on for the guards made from now on.
+#[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
 pub(crate) fn attribute_requests() {
     ATTRIBUTING.store(true, Ordering::Relaxed);
 }
@@ -75,6 +76,7 @@ pub(crate) fn swap_current(current: &mut Option<Weak<Entry>>) {
 }
 
 /// The reconcile being polled on this thread, if its guard published it.
+#[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
 pub(crate) fn current_entry() -> Option<Weak<Entry>> {
     CURRENT.with(|c| {
         let current = c.take();

@@ -31,6 +31,7 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
     pub(crate) fn new(method: http::Method, path: http::uri::PathAndQuery, sent: Instant) -> Self {
         Self {
             method,
@@ -41,6 +42,7 @@ impl Outgoing {
     }
 
     /// The response head has arrived; the body may still be streaming.
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
     pub(crate) fn head_arrived(&self) {
         self.head.store(true, Ordering::Relaxed);
     }
@@ -59,6 +61,7 @@ impl FactsCell {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
     pub(crate) fn request_sent(&self, request: Arc<Outgoing>) {
         self.lock()
             .get_or_insert_with(Box::default)
@@ -66,6 +69,7 @@ impl FactsCell {
             .push(request);
     }
 
+    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
     pub(crate) fn request_done(&self, request: &Arc<Outgoing>) {
         if let Some(facts) = self.lock().as_mut()
             && let Some(at) = facts.requests.iter().position(|r| Arc::ptr_eq(r, request))
