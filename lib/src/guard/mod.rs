@@ -14,11 +14,11 @@ mod registry;
 mod thread;
 mod waits;
 
+#[cfg(feature = "kube")]
+pub(crate) use entry::Entry;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
-#[cfg(feature = "kube")]
-pub(crate) use entry::Entry;
 // The registry's hasher: crate-private, public only for this crate's own benchmarks.
 #[cfg(not(feature = "internals"))]
 pub(crate) use registry::BuildIdHasher;
@@ -33,9 +33,9 @@ pub use registry::{LateEnd, NEAR_MISS_SHARE};
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;
+pub(crate) use thread::offer_label;
 #[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
 pub(crate) use thread::task_id_number;
-pub(crate) use thread::offer_label;
 // What the kube integration's request layer uses.
 #[cfg(feature = "kube")]
 pub(crate) use thread::{attribute_requests, current_entry};
