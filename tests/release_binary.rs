@@ -92,6 +92,8 @@ fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
         .args([
             "--health-probe-bind-address=127.0.0.1:0",
             "--metrics-bind-address=0",
+            // The tests run at once: none may take the default debug port.
+            "--debug-bind-address=0",
         ])
         .args([
             "--hang-kind=block",
@@ -180,6 +182,8 @@ fn resident_memory_after_a_hundred_captures_stays_near_rest() {
         .args([
             "--health-probe-bind-address=127.0.0.1:0",
             "--metrics-bind-address=0",
+            // The tests run at once: none may take the default debug port.
+            "--debug-bind-address=0",
         ])
         .args([
             "--hang-kind=block",
