@@ -1,13 +1,13 @@
 //! Evidence for tuning deadlines: near misses, and a deadline advisor per controller.
 //!
 //! The [`Advisor`] is a registry [`Observer`]: every reconcile that ends lands in its
-//! controller's duration [`Sketch`](sketch::Sketch) (bounded memory, no lock, no
+//! controller's duration sketch (bounded memory, no lock, no
 //! allocation), and a reconcile that ends on time after more than the near-miss share of
 //! its deadline (see [`Deadlines::near_miss_share`]) is a near miss: counted, and logged
 //! as one WARN naming the controller, the object, the duration and the deadline, at most
 //! once per controller per [`NEAR_MISS_LOG_PERIOD`] (the next WARN counts those not
 //! logged). [`Advisor::report`] turns the sketches into the JSON of `/debug/deadlines`,
-//! with a suggested deadline per controller ([`suggest`](fn@suggest)). Reconciles the monitor
+//! with a suggested deadline per controller. Reconciles the monitor
 //! reported hung are counted as hangs and left out of the durations.
 //!
 //! ```

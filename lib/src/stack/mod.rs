@@ -168,8 +168,8 @@ pub enum Method {
 pub struct Stack {
     /// The frames resolved.
     pub frames: Vec<Frame>,
-    /// How many outer frames were captured but left unresolved (see
-    /// [`capture_until`]).
+    /// How many outer frames were captured but left unresolved (a capture stops
+    /// resolving at the first frame its caller marks as the last).
     pub left_out: usize,
     /// How it was captured.
     pub method: Method,
@@ -419,7 +419,8 @@ pub struct ThreadDiagnostics {
 
 impl ThreadDiagnostics {
     /// Reads the kernel state of thread `tid` and captures its stack as
-    /// [`capture_until`] does, waiting at most `timeout` for the stack.
+    /// [`capture`] does, resolving up to the first frame `is_last` accepts and waiting
+    /// at most `timeout` for the stack.
     #[must_use]
     pub fn of(tid: u32, timeout: Duration, is_last: impl Fn(&Frame) -> bool) -> Self {
         // The kernel state first: were a signal sent, it is what the thread was doing
