@@ -454,7 +454,7 @@ impl Metrics {
         );
         registry.register(
             "hangs_unnamed",
-            "Hung reconciles that no log line names: over the report budget and over the names of its summary",
+            "Hung reconciles their first report did not name: over the report budget and over the names of its summary (a later reminder or end summary names those never named first)",
             self.hangs_unnamed.clone(),
         );
         registry.register(

@@ -82,22 +82,25 @@ pub(super) struct Pending {
     /// Counts per (controller, state or outcome); controllers are few, and told apart
     /// by their name's address.
     by_group: Vec<(Arc<str>, &'static str, usize)>,
-    /// The oldest of them by start, at most [`SUMMARY_NAMES`], as `controller object`:
-    /// the summary names these, so that a hang over the budget still has its name on
-    /// a line.
-    names: Vec<(Instant, String)>,
+    /// At most [`SUMMARY_NAMES`] of them, as `controller object`, those never named
+    /// on a line before first, then the oldest by start: the summary names these, so
+    /// that a hang over the budget still has its name on a line, if not this one then a
+    /// later reminder's or its end's. Keyed by (named before, start), smallest kept.
+    names: Vec<((bool, Instant), u64, String)>,
     /// Lines of this summary it will not name.
     unnamed: usize,
     last_summary: Option<Instant>,
 }
 
 impl Pending {
-    /// Counts one line over the budget, of a reconcile started at `started`; `name`
-    /// is asked for only if it is kept.
+    /// Counts one line over the budget, of reconcile `id` started at `started`, which
+    /// no line has named yet if `fresh`; `name` is asked for only if it is kept.
     pub(super) fn add(
         &mut self,
         (controller, state): (Arc<str>, &'static str),
         started: Instant,
+        fresh: bool,
+        id: u64,
         name: impl FnOnce() -> String,
     ) {
         self.count += 1;
@@ -109,27 +112,28 @@ impl Pending {
             Some((_, _, n)) => *n += 1,
             None => self.by_group.push((controller, state, 1)),
         }
+        let key = (!fresh, started);
         if self.names.len() < SUMMARY_NAMES {
-            self.names.push((started, name()));
+            self.names.push((key, id, name()));
             return;
         }
-        // Full: the youngest named gives way to an older one.
+        // Full: the last kept (named before, or the youngest) gives way to one before it.
         self.unnamed += 1;
-        if let Some(youngest) = self.names.iter_mut().max_by_key(|(at, _)| *at)
-            && started < youngest.0
+        if let Some(last) = self.names.iter_mut().max_by_key(|(key, _, _)| *key)
+            && key < last.0
         {
-            *youngest = (started, name());
+            *last = (key, id, name());
         }
     }
 
     /// The summary of what is pending, when there is some and the last summary of this
-    /// kind is at least `every` old.
+    /// kind is at least `every` old, with the ids of the reconciles it names.
     pub(super) fn flush(
         &mut self,
         kind: SummaryKind,
         every: Duration,
         now: Instant,
-    ) -> Option<Summary> {
+    ) -> Option<(Summary, Vec<u64>)> {
         if self.count == 0
             || self
                 .last_summary
@@ -142,11 +146,13 @@ impl Pending {
         // In a stable order for equal counts: by name, then state.
         by_group.sort_by(|a, b| (&*a.0, a.1).cmp(&(&*b.0, b.1)));
         let mut names = std::mem::take(&mut self.names);
-        names.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        // Oldest first, as the line says.
+        names.sort_by(|a, b| (a.0.1, &a.2).cmp(&(b.0.1, &b.2)));
         let kept = names.len();
         let mut named = String::new();
+        let mut named_ids = Vec::with_capacity(kept);
         let mut unnamed = std::mem::take(&mut self.unnamed);
-        for (n, (_, name)) in names.into_iter().enumerate() {
+        for (n, (_, id, name)) in names.into_iter().enumerate() {
             // One long name may not crowd out the others.
             let name = crate::monitor::summary::clip(name, SUMMARY_NAME_BYTES / 4);
             if named.len() + ", ".len() + name.len() > SUMMARY_NAME_BYTES {
@@ -157,8 +163,9 @@ impl Pending {
                 named.push_str(", ");
             }
             named.push_str(&name);
+            named_ids.push(id);
         }
-        Some(Summary {
+        let summary = Summary {
             kind,
             count: std::mem::take(&mut self.count),
             by_group: crate::monitor::summary::count_groups(
@@ -168,7 +175,8 @@ impl Pending {
             ),
             named,
             unnamed,
-        })
+        };
+        Some((summary, named_ids))
     }
 }
 
@@ -206,9 +214,10 @@ mod tests {
         // Younger first: the oldest must still be the ones named.
         for i in (0..25_u64).rev() {
             let started = t0 + Duration::from_secs(i);
-            pending.add(group(), started, || format!("web ns/o-{i:02}"));
+            pending.add(group(), started, true, i, || format!("web ns/o-{i:02}"));
         }
-        let summary = pending.flush(SummaryKind::Hung, every, t0).unwrap();
+        let (summary, ids) = pending.flush(SummaryKind::Hung, every, t0).unwrap();
+        assert_eq!(ids, (0..20).collect::<Vec<u64>>(), "the ids of those named");
         assert_eq!(summary.count, 25);
         assert_eq!(summary.unnamed, 5);
         let names: Vec<&str> = summary.named.split(", ").collect();
@@ -217,9 +226,9 @@ mod tests {
 
         // A few are all named; the next summary starts afresh.
         for i in 0..3_u64 {
-            pending.add(group(), t0, || format!("web ns/p-{i}"));
+            pending.add(group(), t0, true, 100 + i, || format!("web ns/p-{i}"));
         }
-        let summary = pending.flush(SummaryKind::Hung, every, t0 + every).unwrap();
+        let (summary, _) = pending.flush(SummaryKind::Hung, every, t0 + every).unwrap();
         assert_eq!(
             (summary.count, summary.unnamed, summary.named.as_str()),
             (3, 0, "web ns/p-0, web ns/p-1, web ns/p-2")
@@ -231,13 +240,18 @@ mod tests {
         let t0 = Instant::now();
         let mut pending = Pending::default();
         for i in 0..20_u64 {
-            pending.add(group(), t0 + Duration::from_secs(i), || {
+            pending.add(group(), t0 + Duration::from_secs(i), true, i, || {
                 format!("web ns/{i:02}-{}", "x".repeat(300))
             });
         }
-        let summary = pending
+        let (summary, ids) = pending
             .flush(SummaryKind::Hung, Duration::from_secs(15), t0)
             .unwrap();
+        assert_eq!(
+            ids.len(),
+            summary.named.split(", ").count(),
+            "only those named"
+        );
         assert!(
             summary.named.len() <= SUMMARY_NAME_BYTES,
             "{}",
@@ -247,5 +261,32 @@ mod tests {
         assert!(named >= 4, "{named} names");
         assert_eq!(named + summary.unnamed, 20, "every one named or counted");
         assert!(summary.named.starts_with("web ns/00-"), "{}", summary.named);
+    }
+
+    #[test]
+    fn a_summary_names_those_never_named_before_the_older_ones_named_already() {
+        let t0 = Instant::now();
+        let mut pending = Pending::default();
+        // Thirty over the budget: the ten oldest were named on an earlier line.
+        for i in 0..30_u64 {
+            let fresh = i >= 10;
+            pending.add(group(), t0 + Duration::from_secs(i), fresh, i, || {
+                format!("web ns/q-{i:02}")
+            });
+        }
+        let (summary, ids) = pending
+            .flush(SummaryKind::StillHung, Duration::from_secs(15), t0)
+            .unwrap();
+        assert_eq!(
+            ids,
+            (10..30).collect::<Vec<u64>>(),
+            "the twenty never named"
+        );
+        assert_eq!(summary.unnamed, 10);
+        assert!(
+            summary.named.starts_with("web ns/q-10"),
+            "{}",
+            summary.named
+        );
     }
 }

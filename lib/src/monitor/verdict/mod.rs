@@ -375,8 +375,9 @@ pub struct Decision<'a> {
     pub runtime_failure: Option<String>,
     /// Reconciles newly overdue on an await: ask the API server now whether it answers.
     pub ask_api_server: bool,
-    /// Hung reconciles that no log line names: neither a report of their own nor the
-    /// summary written now had room for them (a mass hang); the metrics count them.
+    /// Hung reconciles their first report did not name: neither a report of their own
+    /// nor the summary written now had room for them (a mass hang); the metrics count
+    /// them. Later summaries name those never named first.
     pub hangs_unnamed: usize,
 }
 
@@ -390,6 +391,10 @@ struct Tracked {
     /// When the cancel policy asked it to stop.
     cancel_requested_at: Option<Instant>,
     escalated: bool,
+    /// Named on some line already: its own, or among a summary's names. A summary over
+    /// the budget names those never named first, so that a hang counted once without
+    /// its name gets it on a later reminder or on its end.
+    named: bool,
 }
 
 /// A per-reconcile line of one scan, before the budget decides whether it is written:
@@ -406,7 +411,8 @@ enum Line<'a> {
         deadlines: u32,
         action: Action,
     },
-    Ended(Box<Ended>),
+    /// The end, and whether the hang was named on some line before.
+    Ended(Box<Ended>, bool),
 }
 
 impl Line<'_> {
@@ -432,7 +438,7 @@ impl Line<'_> {
                 deadlines,
                 action,
             },
-            Self::Ended(end) => Event::Ended(*end),
+            Self::Ended(end, _) => Event::Ended(*end),
         }
     }
 
@@ -445,7 +451,7 @@ impl Line<'_> {
             | Self::StillHung {
                 reconcile, state, ..
             } => (Arc::clone(&reconcile.controller), state.as_str()),
-            Self::Ended(end) => (Arc::clone(&end.reconcile.controller), end.outcome.as_str()),
+            Self::Ended(end, _) => (Arc::clone(&end.reconcile.controller), end.outcome.as_str()),
         }
     }
 
@@ -453,7 +459,7 @@ impl Line<'_> {
     fn started(&self) -> Instant {
         match self {
             Self::Hung { reconcile, .. } | Self::StillHung { reconcile, .. } => reconcile.started,
-            Self::Ended(end) => end.reconcile.started,
+            Self::Ended(end, _) => end.reconcile.started,
         }
     }
 
@@ -462,7 +468,17 @@ impl Line<'_> {
             Self::Hung { reconcile, .. } | Self::StillHung { reconcile, .. } => {
                 format!("{} {}", reconcile.controller, reconcile.object)
             }
-            Self::Ended(end) => format!("{} {}", end.reconcile.controller, end.reconcile.object),
+            Self::Ended(end, _) => {
+                format!("{} {}", end.reconcile.controller, end.reconcile.object)
+            }
+        }
+    }
+
+    /// The reconcile's registry id.
+    fn id(&self) -> u64 {
+        match self {
+            Self::Hung { reconcile, .. } | Self::StillHung { reconcile, .. } => reconcile.id,
+            Self::Ended(end, _) => end.reconcile.id,
         }
     }
 
@@ -621,7 +637,10 @@ impl Verdict {
             if self.deferred.remove(&end.reconcile.id) {
                 continue;
             }
-            self.tracked.remove(&end.reconcile.id);
+            let named = self
+                .tracked
+                .remove(&end.reconcile.id)
+                .is_some_and(|t| t.named);
             if end.outcome == Outcome::Cancelled {
                 let key = (
                     Arc::clone(&end.reconcile.controller),
@@ -630,7 +649,7 @@ impl Verdict {
                 self.cancels.entry(key.clone()).or_default().push_back(now);
                 cancelled_now.push(key);
             }
-            lines.ended.push(Line::Ended(Box::new(end)));
+            lines.ended.push(Line::Ended(Box::new(end), named));
         }
         self.forget_old_cancels(now);
         // The cancellation that reaches the limit escalates, once, in the log too.
@@ -771,6 +790,7 @@ impl Verdict {
             deadlines: 0,
             cancel_requested_at: None,
             escalated: false,
+            named: false,
         });
         tracked.seen = self.scans;
 
@@ -997,6 +1017,13 @@ impl Verdict {
     /// then reminders) and counts the rest into their kind's summary. New hangs are
     /// written up to the budget; ends and reminders only when all of a scan's fit,
     /// since a few of a thousand reminders tell nothing the summary does not.
+    /// Remembers that the hang `id` was named on a line (if it is still tracked).
+    fn mark_named(&mut self, id: u64) {
+        if let Some(tracked) = self.tracked.get_mut(&id) {
+            tracked.named = true;
+        }
+    }
+
     fn spend_budget(&mut self, lines: Lines<'_>, now: Instant, decision: &mut Decision<'_>) {
         let every = self.config.summary_every;
         let mut by_rank: [Vec<Line<'_>>; 3] = Default::default();
@@ -1017,13 +1044,23 @@ impl Verdict {
                 }
             };
             let mut kind_lines = kind_lines.into_iter();
-            decision
-                .events
-                .extend(kind_lines.by_ref().take(written).map(Line::into_event));
-            for line in kind_lines {
-                self.pending[index].add(line.group(), line.started(), || line.name());
+            for line in kind_lines.by_ref().take(written) {
+                self.mark_named(line.id());
+                decision.events.push(line.into_event());
             }
-            if let Some(summary) = self.pending[index].flush(kind, every, now) {
+            for line in kind_lines {
+                let named = match &line {
+                    Line::Ended(_, named) => *named,
+                    _ => self.tracked.get(&line.id()).is_some_and(|t| t.named),
+                };
+                self.pending[index].add(line.group(), line.started(), !named, line.id(), || {
+                    line.name()
+                });
+            }
+            if let Some((summary, named)) = self.pending[index].flush(kind, every, now) {
+                for id in named {
+                    self.mark_named(id);
+                }
                 if kind == SummaryKind::Hung {
                     decision.hangs_unnamed += summary.unnamed;
                 }
@@ -1594,6 +1631,48 @@ mod tests {
                 "{total} lines in 5 minutes for deadline {deadline:?}"
             );
         }
+    }
+
+    #[test]
+    fn reminders_name_the_hangs_no_line_has_named_yet() {
+        // A thousand hangs that last: the first report names 30; each later summary
+        // names hangs never named before, none twice, until every one has its name.
+        let t0 = Instant::now();
+        let deadline = 30 * SECOND;
+        let mut v = Verdict::new(Config::default());
+        let reconciles: Vec<InFlight> = (0..1000)
+            .map(|i| reconcile(i, "web", &format!("o-{i}"), deadline, t0))
+            .collect();
+        let first = t0 + deadline + SECOND;
+        let mut named = HashSet::new();
+        let mut in_summaries = Vec::new();
+        for s in 0..600 {
+            let d = v.step(&reconciles, vec![], None, first + s * SECOND);
+            for event in &d.events {
+                match event {
+                    Event::Hung { reconcile, .. } | Event::StillHung { reconcile, .. } => {
+                        named.insert(format!("{} {}", reconcile.controller, reconcile.object));
+                    }
+                    Event::Summary(s) if !s.named.is_empty() => {
+                        let names: Vec<String> = s.named.split(", ").map(str::to_owned).collect();
+                        in_summaries.extend(names.iter().cloned());
+                        named.extend(names);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let distinct: HashSet<&String> = in_summaries.iter().collect();
+        eprintln!(
+            "1000 hangs, deadline 30s: {} named in their first 10 minutes",
+            named.len()
+        );
+        assert_eq!(
+            distinct.len(),
+            in_summaries.len(),
+            "a name repeated while others waited"
+        );
+        assert!(named.len() > 200, "{} named", named.len());
     }
 
     #[test]
