@@ -183,12 +183,21 @@ impl Collector for WatchAges {
     }
 }
 
-/// [`RECONCILE_BUCKETS`] in nanoseconds, for [`DurationHistogram`].
-static RECONCILE_BUCKET_NANOS: std::sync::LazyLock<[u64; RECONCILE_BUCKETS.len()]> =
-    std::sync::LazyLock::new(|| {
+/// [`RECONCILE_BUCKETS`] in nanoseconds, for [`DurationHistogram`]: computed at compile
+/// time, so an observation reads no lazy cell.
+const RECONCILE_BUCKET_NANOS: [u64; RECONCILE_BUCKETS.len()] = {
+    let mut nanos = [0; RECONCILE_BUCKETS.len()];
+    let mut i = 0;
+    while i < nanos.len() {
+        // Rounded to the nearest nanosecond (`f64::round` is not const).
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        RECONCILE_BUCKETS.map(|seconds| (seconds * 1e9).round() as u64)
-    });
+        {
+            nanos[i] = (RECONCILE_BUCKETS[i] * 1e9 + 0.5) as u64;
+        }
+        i += 1;
+    }
+    nanos
+};
 
 /// A histogram of reconcile durations over [`RECONCILE_BUCKETS`] on atomics: every
 /// reconcile's end records into one, so it takes no lock (prometheus-client's

@@ -234,10 +234,6 @@ impl Watches {
     /// Every expected watch and its age at `now`.
     #[must_use]
     pub fn ages(&self, now: Instant) -> Vec<WatchAge> {
-        self.ages_at(now)
-    }
-
-    fn ages_at(&self, now: Instant) -> Vec<WatchAge> {
         self.inner
             .watched
             .read()
@@ -340,7 +336,7 @@ impl crate::plug::WatchAges for Watches {
     }
 
     fn ages(&self, now: Instant) -> Vec<WatchAge> {
-        self.ages_at(now)
+        Watches::ages(self, now)
     }
 }
 
