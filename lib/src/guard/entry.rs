@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::task::AtomicWaker;
 
+use super::clock;
 use super::registry::Controller;
 use super::thread::{self, ThreadInfo};
 use super::waits::{FactsCell, RequestWait, Waiting};
@@ -121,7 +122,8 @@ pub(crate) struct Entry {
     /// one reference count per reconcile instead of one per field.
     pub(crate) controller: Arc<Controller>,
     pub(crate) object: ObjectKey,
-    pub(crate) started: Instant,
+    /// When it started on the monotonic clock ([`clock`]), in nanoseconds.
+    pub(crate) started: u64,
     /// The instant `poll` counts from (the registry's epoch).
     epoch: Epoch,
     polls: AtomicU64,
@@ -152,11 +154,17 @@ pub(crate) struct Entry {
 const HELD_WITHOUT_WAKERS: usize = 3;
 
 impl Entry {
-    pub(crate) fn new(controller: Arc<Controller>, object: ObjectKey, epoch: Epoch) -> Self {
+    /// A new entry of a reconcile that started at `started` ([`clock::now`]).
+    pub(crate) fn new(
+        controller: Arc<Controller>,
+        object: ObjectKey,
+        epoch: Epoch,
+        started: u64,
+    ) -> Self {
         Self {
             controller,
             object,
-            started: Instant::now(),
+            started,
             epoch,
             polls: AtomicU64::new(0),
             poll: AtomicU64::new(0),
@@ -170,31 +178,65 @@ impl Entry {
         }
     }
 
-    /// Now, for a poll's record: read from the coarse clock (the kernel's last tick, a
-    /// few milliseconds old at most), which costs a fraction of a precise read. Poll
-    /// times only date hang reports, whose deadlines are seconds to minutes; the start
-    /// and the deadline use the precise clock.
+    /// Makes a spare entry, unshared, the entry of a new reconcile: what [`new`](Self::new)
+    /// would make, without the allocation. The spare was emptied as it was put aside
+    /// ([`clear`](Self::clear)).
+    #[inline]
+    pub(crate) fn reuse(&mut self, controller: &Arc<Controller>, object: ObjectKey, started: u64) {
+        // The spare's controller is most often this one: keep its count as it is.
+        if !Arc::ptr_eq(&self.controller, controller) {
+            self.controller = Arc::clone(controller);
+            self.epoch = controller.registry.epoch();
+        }
+        self.object = object;
+        self.started = started;
+        *self.polls.get_mut() = 0;
+        *self.poll.get_mut() = 0;
+        *self.thread.get_mut() = 0;
+        *self.task_id.get_mut() = 0;
+        *self.cancel_requested.get_mut() = false;
+        *self.woken.get_mut() = 0;
+        *self.reported_hung.get_mut() = false;
+    }
+
+    /// Lets go of what the ended reconcile left that holds anything else alive: the
+    /// task's waker (and with it the task) and the facts' requests.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        drop(self.waker.take());
+        self.facts.clear();
+    }
+
+    /// When it started, as an `Instant`.
+    pub(crate) fn started_at(&self) -> Instant {
+        self.epoch.instant(self.started)
+    }
+
+    /// How long it has run, read now.
+    pub(crate) fn elapsed(&self) -> Duration {
+        Duration::from_nanos(clock::now().saturating_sub(self.started))
+    }
+
+    /// Now, for a poll's record: nanoseconds since the epoch, plus one.
     #[inline]
     fn stamp_now(&self) -> u64 {
-        let since = coarsetime::Instant::now_without_cache_update()
-            .duration_since(self.epoch.coarse)
-            .as_nanos();
+        let since = clock::now().saturating_sub(self.epoch.nanos);
         // +1 keeps 0 free to mean "never"; 63 bits of nanoseconds last 292 years.
         since.min(u64::MAX >> 2) + 1
     }
 
-    /// The instant of `stamp`, kept between the start and `now`: the coarse clock's
-    /// reading and the epoch's may each be up to a tick old.
+    /// The instant of `stamp`, kept between the start and `now` (the epoch's two
+    /// readings are a few nanoseconds apart).
     fn instant(&self, stamp: u64, now: Instant) -> Option<Instant> {
         (stamp != 0).then(|| {
             (self.epoch.precise + Duration::from_nanos(stamp - 1))
                 .min(now)
-                .max(self.started)
+                .max(self.started_at())
         })
     }
 
     /// Records the start of a poll: a handful of relaxed stores, and from the second
-    /// poll on, one coarse clock read.
+    /// poll on, one clock read.
     #[inline]
     pub(crate) fn poll_begins(&self) {
         // Only the task polling the reconcile writes these (a poll holds it by `&mut`),
@@ -285,6 +327,7 @@ impl Entry {
         // shows no waker left is never read beside a state from before that wake.
         let wakers_gone = Arc::strong_count(self) <= HELD_WITHOUT_WAKERS;
         std::sync::atomic::fence(Ordering::Acquire);
+        let started = self.started_at();
         let latest = self.poll.load(Ordering::Acquire);
         let began = self.instant(latest >> 1, clocks.now);
         let poll = match began {
@@ -303,12 +346,12 @@ impl Entry {
             kind: Arc::clone(&self.controller.kind),
             object: self.object.clone(),
             deadline: self.controller.deadline,
-            started: self.started,
+            started,
             // Dated on the wall clock here rather than at registration, which saves the
             // hot path a clock read.
             started_at: clocks
                 .wall
-                .checked_sub(clocks.now.saturating_duration_since(self.started))
+                .checked_sub(clocks.now.saturating_duration_since(started))
                 .unwrap_or(clocks.wall),
             // Read after the stamp and before the thread: see `poll_begins`.
             polls,
@@ -346,18 +389,37 @@ impl std::task::Wake for Entry {
     }
 }
 
-/// The registry's epoch on the precise and on the coarse monotonic clock, read together.
+/// The registry's epoch as an `Instant` and as a [`clock`] reading, read together.
 #[derive(Clone, Copy)]
 pub(crate) struct Epoch {
     precise: Instant,
-    coarse: coarsetime::Instant,
+    /// The same instant as a [`clock`] reading.
+    nanos: u64,
 }
 
 impl Epoch {
     pub(crate) fn now() -> Self {
         Self {
             precise: Instant::now(),
-            coarse: coarsetime::Instant::now_without_cache_update(),
+            nanos: clock::now(),
+        }
+    }
+
+    /// The `Instant` of a [`clock`] reading taken after the epoch.
+    pub(crate) fn instant(&self, nanos: u64) -> Instant {
+        self.precise + Duration::from_nanos(nanos.saturating_sub(self.nanos))
+    }
+
+    /// The [`clock`] reading of an `Instant`, which may be before the epoch (then its
+    /// reading is the epoch's less the difference, or 0).
+    pub(crate) fn nanos(&self, at: Instant) -> u64 {
+        match at.checked_duration_since(self.precise) {
+            Some(after) => self
+                .nanos
+                .saturating_add(u64::try_from(after.as_nanos()).unwrap_or(u64::MAX)),
+            None => self.nanos.saturating_sub(
+                u64::try_from(self.precise.duration_since(at).as_nanos()).unwrap_or(u64::MAX),
+            ),
         }
     }
 }

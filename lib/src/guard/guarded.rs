@@ -4,13 +4,12 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::sync::Weak;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use super::entry::{Entry, Outcome};
+use super::entry::Outcome;
 use super::registry::Guard;
 use super::thread;
 
@@ -43,12 +42,14 @@ pin_project! {
         // Declared first so that the reconcile is dropped before its guard.
         #[pin]
         reconcile: Option<F>,
-        guard: Option<Guard>,
-        // The guard's waker, which dates wakes: made once, handed to every poll.
+        // The guard's waker, which dates wakes: made once, handed to every poll. Dropped
+        // before the guard, so that the guard finds its entry unshared and keeps it for
+        // the thread's next reconcile.
         waker: Waker,
-        // The entry, published to the thread during each poll while a client layer
-        // attributes requests; between polls, held here.
-        current: Option<Weak<Entry>>,
+        guard: Option<Guard>,
+        // Whether the guard lends its entry to the thread during each poll, for a client
+        // layer that attributes requests.
+        publish: bool,
         // The label last written to the entry, so that a poll writes only a change.
         label: Option<&'static str>,
     }
@@ -59,7 +60,7 @@ impl<F> Guarded<F> {
     pub fn new(guard: Guard, reconcile: F) -> Self {
         Self {
             waker: guard.waker(),
-            current: thread::attributing().then(|| guard.weak_entry()),
+            publish: thread::attributing(),
             label: None,
             reconcile: Some(reconcile),
             guard: Some(guard),
@@ -75,14 +76,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let Some(guard) = this.guard.as_ref() else {
+        let Some(guard) = this.guard.as_mut() else {
             panic!("`Guarded` polled after it resolved");
         };
         let entry = guard.entry();
         if entry.cancel_requested() {
             this.reconcile.set(None);
-            let after = entry.started.elapsed();
-            finish(this.guard, Outcome::Cancelled);
+            let after = entry.elapsed();
+            finish(this.waker, this.guard, Outcome::Cancelled);
             return Poll::Ready(Err(Error::Cancelled { after }));
         }
         let Some(reconcile) = this.reconcile.as_mut().as_pin_mut() else {
@@ -90,17 +91,17 @@ where
         };
 
         entry.poll_begins();
-        let published = this.current.is_some();
-        if published {
-            thread::swap_current(this.current);
+        if *this.publish {
+            thread::swap_current(&mut guard.entry);
         }
         let outer_label = thread::swap_label(None);
         let mut dated = Context::from_waker(this.waker);
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
         let label = thread::swap_label(outer_label);
-        if published {
-            thread::swap_current(this.current);
+        if *this.publish {
+            thread::swap_current(&mut guard.entry);
         }
+        let entry = guard.entry();
         entry.poll_ends();
 
         match polled {
@@ -123,6 +124,7 @@ where
             }
             Ok(Poll::Ready(result)) => {
                 finish(
+                    this.waker,
                     this.guard,
                     if result.is_ok() {
                         Outcome::Ok
@@ -135,7 +137,7 @@ where
             }
             Err(payload) => {
                 this.reconcile.set(None);
-                finish(this.guard, Outcome::Panic);
+                finish(this.waker, this.guard, Outcome::Panic);
                 Poll::Ready(Err(Error::Panicked {
                     message: panic_message(payload.as_ref()),
                 }))
@@ -154,7 +156,9 @@ fn same_label(a: Option<&'static str>, b: Option<&'static str>) -> bool {
     }
 }
 
-fn finish(guard: &mut Option<Guard>, outcome: Outcome) {
+/// Ends the guard with `outcome`, letting go of the guard's waker first (see `waker`).
+fn finish(waker: &mut Waker, guard: &mut Option<Guard>, outcome: Outcome) {
+    *waker = Waker::noop().clone();
     if let Some(guard) = guard.take() {
         guard.finish(outcome);
     }

@@ -7,6 +7,7 @@
 //! returned. The hot path is one map insert and one remove per reconcile plus a few
 //! atomics per poll: no timer, no lock held across an await, no allocation per poll.
 
+mod clock;
 mod entry;
 mod fanout;
 mod guarded;

@@ -45,8 +45,9 @@ thread_local! {
 
 thread_local! {
     /// The reconcile being polled on this thread, published by its guard while request
-    /// attribution is on, for the client layer to find.
-    static CURRENT: Cell<Option<Weak<Entry>>> = const { Cell::new(None) };
+    /// attribution is on, for the client layer to find: the guard's own reference,
+    /// lent for the poll.
+    static CURRENT: Cell<Option<Arc<Entry>>> = const { Cell::new(None) };
     /// The innermost label pending in the poll under way (see `crate::label`).
     static LABEL: Cell<Option<&'static str>> = const { Cell::new(None) };
 }
@@ -71,16 +72,17 @@ pub(crate) fn attributing() -> bool {
 /// a poll's entry, and again on its exit, which puts back what was there (an outer
 /// guard's, or none). Two moves of a pointer: no reference count changes.
 #[inline]
-pub(crate) fn swap_current(current: &mut Option<Weak<Entry>>) {
+pub(crate) fn swap_current(current: &mut Option<Arc<Entry>>) {
     CURRENT.with(|c| *current = c.replace(current.take()));
 }
 
-/// The reconcile being polled on this thread, if its guard published it.
+/// The reconcile being polled on this thread, if its guard published it; unowned, so
+/// that it does not count as a waker.
 #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
 pub(crate) fn current_entry() -> Option<Weak<Entry>> {
     CURRENT.with(|c| {
         let current = c.take();
-        let copy = current.clone();
+        let copy = current.as_ref().map(Arc::downgrade);
         c.set(current);
         copy
     })

@@ -57,6 +57,15 @@ impl FactsCell {
         Self(Mutex::new(None))
     }
 
+    /// Empties them for the entry's next reconcile, keeping their allocation.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        if let Some(facts) = self.0.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            facts.requests.clear();
+            facts.label = None;
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<Facts>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -1,0 +1,60 @@
+//! The monotonic clock as a count of nanoseconds: what the guard reads at each start and end.
+//!
+//! It is the clock `std::time::Instant` reads (`CLOCK_MONOTONIC` on Linux), read without
+//! `Instant`'s wrapping: `Instant::now` checks and normalises the `timespec`, and the
+//! difference of two is a checked `timespec` subtraction. A reconcile's start and end
+//! read it once each, so that wrapping cost about 80 instructions a reconcile
+//! (callgrind, `benches/check-instructions.sh`); here a difference is one subtraction.
+//! Readings become `Instant`s only off the hot path, from an [`Epoch`](super::entry).
+#![allow(unsafe_code)]
+
+/// Now on the monotonic clock, in nanoseconds since an origin fixed by the system.
+#[cfg(target_os = "linux")]
+#[inline]
+pub(crate) fn now() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to
+    // a live, writable, properly aligned local; CLOCK_MONOTONIC is always supported on
+    // Linux, so the call cannot fail (it would leave the zeroes, which are still a time).
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
+    }
+    // Monotonic seconds are non-negative and nanoseconds below 10^9: no sign or overflow
+    // to handle for 584 years of uptime.
+    (now.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(now.tv_nsec as u64)
+}
+
+/// Now on the monotonic clock, in nanoseconds since the process first read it.
+#[cfg(not(target_os = "linux"))]
+#[inline]
+pub(crate) fn now() -> u64 {
+    use std::sync::LazyLock;
+    use std::time::Instant;
+    static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
+    u64::try_from(ORIGIN.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::now;
+
+    #[test]
+    fn it_is_the_clock_instant_reads() {
+        // Bracket one reading of ours between two of `Instant`, twice, a sleep apart:
+        // the differences agree within the brackets' width.
+        let (a0, ours0, b0) = (Instant::now(), now(), Instant::now());
+        std::thread::sleep(Duration::from_millis(20));
+        let (a1, ours1, b1) = (Instant::now(), now(), Instant::now());
+        let ours = Duration::from_nanos(ours1 - ours0);
+        assert!(ours >= a1.duration_since(b0), "{ours:?}");
+        assert!(ours <= b1.duration_since(a0), "{ours:?}");
+        assert!(ours >= Duration::from_millis(20));
+    }
+}
