@@ -141,6 +141,8 @@ pub(crate) struct Entry {
     /// Set by the monitor once it has reported this entry as hung, so that its end is
     /// reported too.
     reported_hung: AtomicBool,
+    /// A third reference is held for lending to the thread during polls.
+    lent: AtomicBool,
     waker: AtomicWaker,
     /// What it waits on: requests in flight and the innermost label, written off the
     /// common path (see `waits`).
@@ -148,10 +150,11 @@ pub(crate) struct Entry {
 }
 
 /// The strong references to an entry while its `Guarded` future lives: the registry's
-/// slot, the guard and the `Guarded`'s own waker. Every further one is a clone of that
-/// waker held by whatever the reconcile waits on (or a passing reader's, which only
-/// ever hides a lost waker for one scan, never invents one).
-const HELD_WITHOUT_WAKERS: usize = 3;
+/// slot and the guard, and a third when the entry is lent to the thread during polls
+/// (see `Entry::lent`). Every further one is a clone of the guard's waker held by
+/// whatever the reconcile waits on (or a passing reader's, which only ever hides a lost
+/// waker for one scan, never invents one).
+const HELD_WITHOUT_WAKERS: usize = 2;
 
 impl Entry {
     /// A new entry of a reconcile that started at `started` ([`clock::now`]).
@@ -173,6 +176,7 @@ impl Entry {
             cancel_requested: AtomicBool::new(false),
             woken: AtomicU64::new(0),
             reported_hung: AtomicBool::new(false),
+            lent: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             facts: FactsCell::new(),
         }
@@ -197,6 +201,7 @@ impl Entry {
         *self.cancel_requested.get_mut() = false;
         *self.woken.get_mut() = 0;
         *self.reported_hung.get_mut() = false;
+        *self.lent.get_mut() = false;
     }
 
     /// Lets go of what the ended reconcile left that holds anything else alive: the
@@ -300,6 +305,11 @@ impl Entry {
         self.waker.wake();
     }
 
+    /// Counts a third reference as held (see [`HELD_WITHOUT_WAKERS`]).
+    pub(crate) fn lent(&self) {
+        self.lent.store(true, Ordering::Relaxed);
+    }
+
     pub(crate) fn mark_reported_hung(&self) {
         self.reported_hung.store(true, Ordering::Release);
     }
@@ -325,7 +335,8 @@ impl Entry {
         // Counted before the poll state is read: a waker that wakes dates the wake
         // before its reference goes (a release the fence pairs with), so a count that
         // shows no waker left is never read beside a state from before that wake.
-        let wakers_gone = Arc::strong_count(self) <= HELD_WITHOUT_WAKERS;
+        let held = HELD_WITHOUT_WAKERS + usize::from(self.lent.load(Ordering::Relaxed));
+        let wakers_gone = Arc::strong_count(self) <= held;
         std::sync::atomic::fence(Ordering::Acquire);
         let started = self.started_at();
         let latest = self.poll.load(Ordering::Acquire);
@@ -371,21 +382,17 @@ impl Entry {
 /// poll, on the waking side) before it is passed on to the task's own waker. A
 /// reconcile woken but not polled since is a victim of whatever keeps its executor
 /// from polling it, not an await that never woke.
-impl std::task::Wake for Entry {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        if self.woken.load(Ordering::Relaxed) == 0 {
-            let _ = self.woken.compare_exchange(
+impl futures::task::ArcWake for Entry {
+    fn wake_by_ref(entry: &Arc<Self>) {
+        if entry.woken.load(Ordering::Relaxed) == 0 {
+            let _ = entry.woken.compare_exchange(
                 0,
-                self.stamp_now(),
+                entry.stamp_now(),
                 Ordering::Release,
                 Ordering::Relaxed,
             );
         }
-        self.waker.wake();
+        entry.waker.wake();
     }
 }
 

@@ -4,12 +4,13 @@ use std::any::Any;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use super::entry::Outcome;
+use super::entry::{Entry, Outcome};
 use super::registry::Guard;
 use super::thread;
 
@@ -42,13 +43,12 @@ pin_project! {
         // Declared first so that the reconcile is dropped before its guard.
         #[pin]
         reconcile: Option<F>,
-        // The guard's waker, which dates wakes: made once, handed to every poll. Dropped
-        // before the guard, so that the guard finds its entry unshared and keeps it for
-        // the thread's next reconcile.
-        waker: Waker,
+        // While a client layer attributes requests: a second reference to the entry,
+        // lent to the thread during each poll. Dropped before the guard, so that the
+        // guard finds its entry unshared and keeps it for the thread's next reconcile.
+        lent: Option<Arc<Entry>>,
         guard: Option<Guard>,
-        // Whether the guard lends its entry to the thread during each poll, for a client
-        // layer that attributes requests.
+        // Whether `lent` is lent during each poll.
         publish: bool,
         // The label last written to the entry, so that a poll writes only a change.
         label: Option<&'static str>,
@@ -58,9 +58,10 @@ pin_project! {
 impl<F> Guarded<F> {
     /// Runs `reconcile` under `guard`.
     pub fn new(guard: Guard, reconcile: F) -> Self {
+        let publish = thread::attributing();
         Self {
-            waker: guard.waker(),
-            publish: thread::attributing(),
+            lent: publish.then(|| guard.lend()),
+            publish,
             label: None,
             reconcile: Some(reconcile),
             guard: Some(guard),
@@ -83,7 +84,7 @@ where
         if entry.cancel_requested() {
             this.reconcile.set(None);
             let after = entry.elapsed();
-            finish(this.waker, this.guard, Outcome::Cancelled);
+            finish(this.lent, this.guard, Outcome::Cancelled);
             return Poll::Ready(Err(Error::Cancelled { after }));
         }
         let Some(reconcile) = this.reconcile.as_mut().as_pin_mut() else {
@@ -92,16 +93,18 @@ where
 
         entry.poll_begins();
         if *this.publish {
-            thread::swap_current(&mut guard.entry);
+            thread::swap_current(this.lent);
         }
         let outer_label = thread::swap_label(None);
-        let mut dated = Context::from_waker(this.waker);
+        // The guard's waker, which dates wakes, borrowed from the guard's reference: no
+        // count changes unless the reconcile keeps a clone.
+        let waker = futures::task::waker_ref(entry);
+        let mut dated = Context::from_waker(&waker);
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
         let label = thread::swap_label(outer_label);
         if *this.publish {
-            thread::swap_current(&mut guard.entry);
+            thread::swap_current(this.lent);
         }
-        let entry = guard.entry();
         entry.poll_ends();
 
         match polled {
@@ -124,7 +127,7 @@ where
             }
             Ok(Poll::Ready(result)) => {
                 finish(
-                    this.waker,
+                    this.lent,
                     this.guard,
                     if result.is_ok() {
                         Outcome::Ok
@@ -137,7 +140,7 @@ where
             }
             Err(payload) => {
                 this.reconcile.set(None);
-                finish(this.waker, this.guard, Outcome::Panic);
+                finish(this.lent, this.guard, Outcome::Panic);
                 Poll::Ready(Err(Error::Panicked {
                     message: panic_message(payload.as_ref()),
                 }))
@@ -156,9 +159,10 @@ fn same_label(a: Option<&'static str>, b: Option<&'static str>) -> bool {
     }
 }
 
-/// Ends the guard with `outcome`, letting go of the guard's waker first (see `waker`).
-fn finish(waker: &mut Waker, guard: &mut Option<Guard>, outcome: Outcome) {
-    *waker = Waker::noop().clone();
+/// Ends the guard with `outcome`, letting go of the lent reference first (see `lent`).
+#[inline]
+fn finish(lent: &mut Option<Arc<Entry>>, guard: &mut Option<Guard>, outcome: Outcome) {
+    *lent = None;
     if let Some(guard) = guard.take() {
         guard.finish(outcome);
     }

@@ -623,9 +623,12 @@ impl Guard {
         }
     }
 
-    /// The waker that dates the reconcile's wakes (see `Entry`'s `Wake`).
-    pub(crate) fn waker(&self) -> std::task::Waker {
-        std::task::Waker::from(Arc::clone(self.entry()))
+    /// A second reference to the entry, for `Guarded` to lend to the thread during its
+    /// polls; the entry counts it as held, not as a waker.
+    pub(crate) fn lend(&self) -> Arc<Entry> {
+        let entry = self.entry();
+        entry.lent();
+        Arc::clone(entry)
     }
 }
 

@@ -199,7 +199,7 @@ impl World {
             }
             Op::Wake(i) => {
                 if let Some(at) = self.pick(i) {
-                    self.guards[at].waker().wake_by_ref();
+                    futures::task::ArcWake::wake_by_ref(self.guards[at].entry());
                 }
             }
             Op::ApiServer { answers } => {
