@@ -205,10 +205,16 @@ impl Entry {
     }
 
     /// Lets go of what the ended reconcile left that holds anything else alive: the
-    /// task's waker (and with it the task) and the facts' requests.
+    /// facts' requests.
+    ///
+    /// The task's waker stays registered: the thread's next reconcile is most often
+    /// polled by the same task (kube's controller polls all of its reconciles in one),
+    /// whose waker then needs no clone, only a comparison (about 20 instructions
+    /// saved). Until then, a cancel request could only wake that task spuriously; a
+    /// wake or cancel of the next reconcile before it registers its own task's waker
+    /// leaves its mark, which the poll checks after registering.
     #[inline]
     pub(crate) fn clear(&mut self) {
-        drop(self.waker.take());
         self.facts.clear();
     }
 
