@@ -253,9 +253,9 @@ impl Ops {
         let metrics = || Metrics::new(Arc::new(Health::new())) as Arc<dyn Observer>;
         // As `Watchdog::start` builds it: near misses on, advisor first.
         let registry = |observers: Fanout| {
-            Registry::with_observer(
+            Registry::with_observers(
                 Deadlines::new(DEADLINE).near_miss_share(Some(NEAR_MISS_SHARE)),
-                Arc::new(observers),
+                observers,
             )
             .controller("bench", "ConfigMap")
         };

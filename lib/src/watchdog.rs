@@ -243,7 +243,7 @@ impl Builder {
             observers = observers.with(metrics.clone());
         }
         let deadlines = self.deadlines.near_miss_share(self.near_miss_share);
-        let registry = Registry::with_observer(deadlines, Arc::new(observers));
+        let registry = Registry::with_observers(deadlines, observers);
         let heartbeat = self.runtime.as_ref().map(|handle| {
             RuntimeHeartbeat::spawn(
                 handle,

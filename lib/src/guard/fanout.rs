@@ -33,6 +33,10 @@ impl Fanout {
         self.observers.push(observer);
         self
     }
+
+    pub(super) fn into_observers(self) -> Vec<Arc<dyn Observer>> {
+        self.observers
+    }
 }
 
 impl Observer for Fanout {
@@ -47,7 +51,10 @@ impl Observer for Fanout {
 }
 
 /// Two observers of one controller, told in order.
-struct Both(Arc<dyn ControllerObserver>, Arc<dyn ControllerObserver>);
+pub(super) struct Both(
+    pub(super) Arc<dyn ControllerObserver>,
+    pub(super) Arc<dyn ControllerObserver>,
+);
 
 impl ControllerObserver for Both {
     fn finished(&self, outcome: Outcome, elapsed: Duration) {
