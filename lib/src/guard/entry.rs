@@ -228,16 +228,18 @@ impl Entry {
         Duration::from_nanos(clock::now().saturating_sub(self.started))
     }
 
-    /// Now, for a poll's record: nanoseconds since the epoch, plus one.
+    /// Now, for a poll's or a wake's record: nanoseconds since the epoch on the coarse
+    /// clock, plus one. These times only date reports, whose deadlines are seconds to
+    /// minutes; the start, the end and every deadline decision read the precise clock.
     #[inline]
     fn stamp_now(&self) -> u64 {
-        let since = clock::now().saturating_sub(self.epoch.nanos);
+        let since = clock::coarse_now().saturating_sub(self.epoch.coarse);
         // +1 keeps 0 free to mean "never"; 63 bits of nanoseconds last 292 years.
         since.min(u64::MAX >> 2) + 1
     }
 
-    /// The instant of `stamp`, kept between the start and `now` (the epoch's two
-    /// readings are a few nanoseconds apart).
+    /// The instant of `stamp`, kept between the start and `now`: the coarse clock's
+    /// reading and the epoch's may each be up to a tick old.
     fn instant(&self, stamp: u64, now: Instant) -> Option<Instant> {
         (stamp != 0).then(|| {
             (self.epoch.precise + Duration::from_nanos(stamp - 1))
@@ -247,7 +249,7 @@ impl Entry {
     }
 
     /// Records the start of a poll: a handful of relaxed stores, and from the second
-    /// poll on, one clock read.
+    /// poll on, one coarse clock read.
     #[inline]
     pub(crate) fn poll_begins(&self) {
         // Only the task polling the reconcile writes these (a poll holds it by `&mut`),
@@ -402,12 +404,15 @@ impl futures::task::ArcWake for Entry {
     }
 }
 
-/// The registry's epoch as an `Instant` and as a [`clock`] reading, read together.
+/// The registry's epoch as an `Instant`, a [`clock`] reading and a coarse one, read
+/// together.
 #[derive(Clone, Copy)]
 pub(crate) struct Epoch {
     precise: Instant,
-    /// The same instant as a [`clock`] reading.
+    /// The same instant as a [`clock::now`] reading.
     nanos: u64,
+    /// The same instant as a [`clock::coarse_now`] reading (up to a tick earlier).
+    coarse: u64,
 }
 
 impl Epoch {
@@ -415,6 +420,7 @@ impl Epoch {
         Self {
             precise: Instant::now(),
             nanos: clock::now(),
+            coarse: clock::coarse_now(),
         }
     }
 
