@@ -12,21 +12,7 @@
 #[cfg(target_os = "linux")]
 #[inline]
 pub(crate) fn now() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to
-    // a live, writable, properly aligned local; CLOCK_MONOTONIC is always supported on
-    // Linux, so the call cannot fail (it would leave the zeroes, which are still a time).
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now);
-    }
-    // Monotonic seconds are non-negative and nanoseconds below 10^9: no sign or overflow
-    // to handle for 584 years of uptime.
-    (now.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(now.tv_nsec as u64)
+    read(libc::CLOCK_MONOTONIC)
 }
 
 /// Now on the coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: the kernel's last tick,
@@ -37,14 +23,26 @@ pub(crate) fn now() -> u64 {
 #[cfg(target_os = "linux")]
 #[inline]
 pub(crate) fn coarse_now() -> u64 {
+    read(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+/// One reading of `clock`, in nanoseconds.
+#[cfg(target_os = "linux")]
+#[inline]
+fn read(clock: libc::clockid_t) -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: as in `now`; CLOCK_MONOTONIC_COARSE is supported on Linux since 2.6.32.
+    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to
+    // a live, writable, properly aligned local. Both clocks read here are supported on
+    // every Linux since 2.6.32, so the call cannot fail (and a failure would leave the
+    // zeroes, which are still a time).
     unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now);
+        libc::clock_gettime(clock, &mut now);
     }
+    // Monotonic seconds are non-negative and nanoseconds below 10^9: no sign or overflow
+    // to handle for 584 years of uptime.
     (now.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(now.tv_nsec as u64)
