@@ -87,10 +87,11 @@ mod tests {
     #[test]
     fn the_coarse_clock_trails_the_precise_one_by_less_than_a_tick() {
         // Bracketed by two precise reads: the coarse reading (the last tick's time) is
-        // never after the second, and at most a tick (10 ms at 100 Hz) before the
+        // not after the second, and at most a tick (10 ms at 100 Hz) before the
         // first. Being switched out between the reads only widens the bracket.
         let (before, coarse, after) = (now(), super::coarse_now(), now());
-        assert!(coarse <= after, "{before} {coarse} {after}");
+        // (A millisecond of slack for the kernel adjusting its clock between reads.)
+        assert!(coarse <= after + 1_000_000, "{before} {coarse} {after}");
         assert!(coarse + 10_000_000 >= before, "{before} {coarse} {after}");
     }
 }
