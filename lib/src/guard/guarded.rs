@@ -77,7 +77,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let Some(guard) = this.guard.as_mut() else {
+        let Some(guard) = this.guard.as_ref() else {
             panic!("`Guarded` polled after it resolved");
         };
         let entry = guard.entry();

@@ -543,25 +543,23 @@ impl ControllerHandle {
         let started = clock::now();
         // The entry the thread's latest reconcile left, when nothing held it as it ended:
         // no allocation, and most fields stay as they are.
+        let fresh = |object| {
+            Arc::new(Entry::new(
+                Arc::clone(controller),
+                object,
+                shared.epoch,
+                started,
+            ))
+        };
         let entry = match SPARE.try_with(Cell::take).ok().flatten() {
             Some(mut spare) => match Arc::get_mut(&mut spare) {
                 Some(unshared) => {
                     unshared.reuse(controller, object, started);
                     spare
                 }
-                None => Arc::new(Entry::new(
-                    Arc::clone(controller),
-                    object,
-                    shared.epoch,
-                    started,
-                )),
+                None => fresh(object),
             },
-            None => Arc::new(Entry::new(
-                Arc::clone(controller),
-                object,
-                shared.epoch,
-                started,
-            )),
+            None => fresh(object),
         };
         let id = shared.insert(Slot {
             started,
@@ -591,9 +589,9 @@ impl ControllerHandle {
 #[must_use = "the reconcile leaves the registry as soon as the guard is dropped"]
 pub struct Guard {
     id: u64,
-    /// Always there, except while the entry is published to the thread during a poll
-    /// (`Guarded`), and once the drop has taken it.
-    pub(super) entry: Option<Arc<Entry>>,
+    /// Always there until the drop takes it (to keep it for the thread's next
+    /// registration).
+    entry: Option<Arc<Entry>>,
     outcome: Option<Outcome>,
 }
 
@@ -633,7 +631,7 @@ impl Guard {
     pub(crate) fn entry(&self) -> &Arc<Entry> {
         match &self.entry {
             Some(entry) => entry,
-            None => unreachable!("the entry is only away during a poll or the drop"),
+            None => unreachable!("the entry is only taken by the drop"),
         }
     }
 

@@ -45,8 +45,8 @@ thread_local! {
 
 thread_local! {
     /// The reconcile being polled on this thread, published by its guard while request
-    /// attribution is on, for the client layer to find: the guard's own reference,
-    /// lent for the poll.
+    /// attribution is on, for the client layer to find: a reference the `Guarded` holds
+    /// for this and lends for the poll.
     static CURRENT: Cell<Option<Arc<Entry>>> = const { Cell::new(None) };
     /// The innermost label pending in the poll under way (see `crate::label`).
     static LABEL: Cell<Option<&'static str>> = const { Cell::new(None) };
@@ -68,9 +68,10 @@ pub(crate) fn attributing() -> bool {
     ATTRIBUTING.load(Ordering::Relaxed)
 }
 
-/// Swaps `current` with the thread's current reconcile: called with the guard's own on
-/// a poll's entry, and again on its exit, which puts back what was there (an outer
-/// guard's, or none). Two moves of a pointer: no reference count changes.
+/// Swaps `current` with the thread's current reconcile: called with the reference a
+/// `Guarded` lends on a poll's entry, and again on its exit, which takes it back and
+/// puts back what was there (an outer guard's, or none). Two moves of a pointer: no
+/// reference count changes.
 #[inline]
 pub(crate) fn swap_current(current: &mut Option<Arc<Entry>>) {
     CURRENT.with(|c| *current = c.replace(current.take()));
