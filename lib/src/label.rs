@@ -56,18 +56,11 @@ impl<F: Future> Future for Labelled<F> {
 #[cfg(test)]
 mod tests {
     use std::pin::pin;
-    use std::sync::Arc;
-    use std::task::{Context, Poll, Wake, Waker};
+    use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
     use super::*;
     use crate::guard::{ObjectKey, Registry, Waiting};
-
-    struct Noop;
-
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-    }
 
     #[test]
     fn the_innermost_pending_label_is_named_until_it_completes() {
@@ -88,8 +81,7 @@ mod tests {
                 .controller("certs", "Certificate")
                 .guard(ObjectKey::cluster("a"), reconcile)
         );
-        let waker = Waker::from(Arc::new(Noop));
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         assert!(guarded.as_mut().poll(&mut cx).is_pending());
         let seen = registry.snapshot().remove(0);
         assert_eq!(seen.label, Some("the cert issuer"));
@@ -110,8 +102,7 @@ mod tests {
     #[test]
     fn a_label_outside_a_guard_names_nothing_inside_one() {
         let registry = Registry::new(Duration::from_secs(60));
-        let waker = Waker::from(Arc::new(Noop));
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         // Polled bare on this thread first: its label must not leak into a guard.
         let mut bare = pin!(label("bare", std::future::pending::<()>()));
         assert_eq!(bare.as_mut().poll(&mut cx), Poll::Pending);

@@ -185,7 +185,7 @@ mod tests {
     use std::convert::Infallible;
     use std::pin::pin;
     use std::sync::Arc;
-    use std::task::{Context, Poll, Wake, Waker};
+    use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
     use bytes::Bytes;
@@ -196,12 +196,6 @@ mod tests {
 
     use super::*;
     use crate::guard::{ObjectKey, Registry, Waiting};
-
-    struct Noop;
-
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-    }
 
     type Answer = oneshot::Sender<http::Response<Full<Bytes>>>;
 
@@ -247,8 +241,7 @@ mod tests {
                 .controller("configtemplates", "ConfigTemplate")
                 .guard(ObjectKey::namespaced("default", "x"), reconcile)
         );
-        let waker = Waker::from(Arc::new(Noop));
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         assert!(guarded.as_mut().poll(&mut cx).is_pending());
 
         let seen = registry.snapshot().remove(0);
@@ -298,8 +291,7 @@ mod tests {
                 .controller("c", "K")
                 .guard(ObjectKey::cluster("b"), reconcile)
         );
-        let waker = Waker::from(Arc::new(Noop));
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(Waker::noop());
         assert!(guarded.as_mut().poll(&mut cx).is_pending());
         assert!(registry.snapshot()[0].request.is_some());
 
