@@ -1,8 +1,8 @@
 //! One in-flight reconcile: what is fixed at registration and what each poll updates.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::task::AtomicWaker;
@@ -115,15 +115,86 @@ pub enum PollState {
 /// raises to the start.
 const AT_START: u64 = 1;
 
-/// The shared record of one in-flight reconcile. Written by the task that polls it,
-/// read by the monitor; every mutable field is an atomic so neither side takes a lock.
+/// Bits of a reconcile id that name its entry's slot in the registry's map (the key);
+/// the bits above count the reconciles the entry has held before (see [`State`]).
+pub(crate) const KEY_BITS: u32 = 42;
+const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
+/// A reconcile id fits the state word above its three flags.
+const LAST_GENERATION: u64 = (1 << (64 - 3 - KEY_BITS)) - 1;
+
+/// The state word of an entry: the id of its latest reconcile and three flags, so that
+/// ending it, marking it hung and asking it to stop are each one atomic step that
+/// names the reconcile, and none can land on the entry's next reconcile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct State(u64);
+
+impl State {
+    const ACTIVE: u64 = 1;
+    const HUNG: u64 = 2;
+    const CANCEL: u64 = 4;
+
+    /// Reconcile `id`, running.
+    pub(crate) fn active(id: u64) -> Self {
+        Self(id << 3 | Self::ACTIVE)
+    }
+
+    /// The reconcile's id.
+    pub(crate) fn id(self) -> u64 {
+        self.0 >> 3
+    }
+
+    /// Still running (not ended).
+    pub(crate) fn is_active(self) -> bool {
+        self.0 & Self::ACTIVE != 0
+    }
+
+    /// The monitor reported it hung.
+    pub(crate) fn is_hung(self) -> bool {
+        self.0 & Self::HUNG != 0
+    }
+
+    /// The watchdog asked it to stop.
+    pub(crate) fn is_cancelled(self) -> bool {
+        self.0 & Self::CANCEL != 0
+    }
+
+    /// The same reconcile, ended.
+    fn ended(self) -> Self {
+        Self(self.id() << 3)
+    }
+}
+
+/// The registry key of reconcile `id`: its entry's.
+pub(crate) fn key_of(id: u64) -> u64 {
+    id & KEY_MASK
+}
+
+/// The id of the entry's next reconcile after `id`, while the id has room for one.
+fn next_id(id: u64) -> Option<u64> {
+    (id >> KEY_BITS < LAST_GENERATION).then(|| id + (1 << KEY_BITS))
+}
+
+/// The shared record of one reconcile, kept in the registry's map for as long as the
+/// entry lives: an entry whose reconcile ended unshared stays there, idle, as its
+/// thread's spare, and holds that thread's next reconcile of the same controller
+/// (registering it then costs no map insertion, and ending it no removal). Written by
+/// the task that polls it, read by the monitor; every mutable field but the object is
+/// an atomic, so neither side takes a lock on the common path.
 pub(crate) struct Entry {
     /// Name, kind, deadline and registry, shared by every reconcile of the controller:
-    /// one reference count per reconcile instead of one per field.
+    /// one reference count per reconcile instead of one per field. Fixed for the entry's
+    /// life: a spare holds only reconciles of its controller.
     pub(crate) controller: Arc<Controller>,
-    pub(crate) object: ObjectKey,
-    /// When it started on the monotonic clock ([`clock`]), in nanoseconds.
-    pub(crate) started: u64,
+    /// The latest reconcile's id and whether it runs, was reported hung, was asked to
+    /// stop ([`State`]).
+    state: AtomicU64,
+    /// The object of the latest reconcile. A lock, not an atomic: a reader clones it
+    /// while the next reconcile may be replacing it (uncontended: about 15 instructions
+    /// a registration).
+    object: Mutex<ObjectKey>,
+    /// When the latest reconcile started on the monotonic clock ([`clock`]), in
+    /// nanoseconds. Written before the state word publishes the reconcile.
+    started: AtomicU64,
     /// The instant `poll` counts from (the registry's epoch).
     epoch: Epoch,
     polls: AtomicU64,
@@ -134,13 +205,9 @@ pub(crate) struct Entry {
     thread: AtomicU64,
     /// The tokio task of the first poll: a pinned future stays in the task that polls it.
     task_id: AtomicU64,
-    cancel_requested: AtomicBool,
     /// When the reconcile was first woken since its latest poll began, stamped as
     /// `poll` is (0: not since). Set by the waker the guard hands the reconcile.
     woken: AtomicU64,
-    /// Set by the monitor once it has reported this entry as hung, so that its end is
-    /// reported too.
-    reported_hung: AtomicBool,
     /// A third reference is held for lending to the thread during polls.
     lent: AtomicBool,
     waker: AtomicWaker,
@@ -157,7 +224,8 @@ pub(crate) struct Entry {
 const HELD_WITHOUT_WAKERS: usize = 2;
 
 impl Entry {
-    /// A new entry of a reconcile that started at `started` ([`clock::now`]).
+    /// A new entry of a reconcile that started at `started` ([`clock::now`]), not yet
+    /// running: [`begin`](Self::begin) gives it its id once it has a key in the map.
     pub(crate) fn new(
         controller: Arc<Controller>,
         object: ObjectKey,
@@ -166,42 +234,95 @@ impl Entry {
     ) -> Self {
         Self {
             controller,
-            object,
-            started,
+            state: AtomicU64::new(0),
+            object: Mutex::new(object),
+            started: AtomicU64::new(started),
             epoch,
             polls: AtomicU64::new(0),
             poll: AtomicU64::new(0),
             thread: AtomicU64::new(0),
             task_id: AtomicU64::new(0),
-            cancel_requested: AtomicBool::new(false),
             woken: AtomicU64::new(0),
-            reported_hung: AtomicBool::new(false),
             lent: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             facts: FactsCell::new(),
         }
     }
 
-    /// Makes a spare entry, unshared, the entry of a new reconcile: what [`new`](Self::new)
-    /// would make, without the allocation. The spare was emptied as it was put aside
-    /// ([`clear`](Self::clear)).
+    /// Runs reconcile `id` (the first of the entry: its key).
+    pub(crate) fn begin(&self, id: u64) {
+        self.state.store(State::active(id).0, Ordering::Release);
+    }
+
+    /// The id this idle entry's next reconcile would get; `None` when its ids are used
+    /// up (then it leaves the map and a fresh entry takes over).
     #[inline]
-    pub(crate) fn reuse(&mut self, controller: &Arc<Controller>, object: ObjectKey, started: u64) {
-        // The spare's controller is most often this one: keep its count as it is.
-        if !Arc::ptr_eq(&self.controller, controller) {
-            self.controller = Arc::clone(controller);
-            self.epoch = controller.registry.epoch();
-        }
-        self.object = object;
-        self.started = started;
-        *self.polls.get_mut() = 0;
-        *self.poll.get_mut() = 0;
-        *self.thread.get_mut() = 0;
-        *self.task_id.get_mut() = 0;
-        *self.cancel_requested.get_mut() = false;
-        *self.woken.get_mut() = 0;
-        *self.reported_hung.get_mut() = false;
-        *self.lent.get_mut() = false;
+    pub(crate) fn next_reconcile(&self) -> Option<u64> {
+        next_id(State(self.state.load(Ordering::Relaxed)).id())
+    }
+
+    /// The key of its slot in the registry's map.
+    pub(crate) fn key(&self) -> u64 {
+        key_of(State(self.state.load(Ordering::Relaxed)).id())
+    }
+
+    /// Makes this idle spare the entry of reconcile `id` (its
+    /// [`next_reconcile`](Self::next_reconcile)) of `object`, started at `started`. Only
+    /// the spare's thread calls it.
+    ///
+    /// A reader may be looking at the entry meanwhile: every field is reset before the
+    /// state word publishes the new id, and a reader that read the old state first
+    /// finds it changed after and discards what it read (see
+    /// [`snapshot_running`](Self::snapshot_running)).
+    #[inline]
+    pub(crate) fn reuse(&self, id: u64, object: ObjectKey, started: u64) {
+        // The ended reconcile's object is dropped after the lock is released.
+        let _ended = std::mem::replace(&mut *self.object(), object);
+        self.started.store(started, Ordering::Relaxed);
+        self.polls.store(0, Ordering::Relaxed);
+        self.poll.store(0, Ordering::Relaxed);
+        self.thread.store(0, Ordering::Relaxed);
+        self.task_id.store(0, Ordering::Relaxed);
+        self.woken.store(0, Ordering::Relaxed);
+        self.lent.store(false, Ordering::Relaxed);
+        self.begin(id);
+    }
+
+    /// Ends the running reconcile (it is no longer in flight for any reader), and
+    /// returns its state as it was: whether the monitor had reported it hung.
+    #[inline]
+    pub(crate) fn end(&self) -> State {
+        let running = State(self.state.load(Ordering::Relaxed));
+        // A swap, not a store: the monitor may mark it hung, or the watchdog ask it to
+        // stop, up to the last moment; whichever comes first, the other sees it.
+        State(self.state.swap(running.ended().0, Ordering::AcqRel))
+    }
+
+    /// The state word now.
+    #[inline]
+    pub(crate) fn state(&self) -> State {
+        State(self.state.load(Ordering::Acquire))
+    }
+
+    /// Marks reconcile `id` reported hung, if it is still running; returns whether it
+    /// was (then its end finds the mark).
+    pub(crate) fn mark_reported_hung(&self, id: u64) -> bool {
+        self.set_flag(id, State::HUNG)
+    }
+
+    /// Sets `flag` in the state of reconcile `id`, if it is still running.
+    fn set_flag(&self, id: u64, flag: u64) -> bool {
+        self.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                let s = State(state);
+                (s.is_active() && s.id() == id).then_some(state | flag)
+            })
+            .is_ok()
+    }
+
+    /// The object of the latest reconcile.
+    pub(crate) fn object(&self) -> MutexGuard<'_, ObjectKey> {
+        self.object.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Lets go of what the ended reconcile left that holds anything else alive: the
@@ -214,18 +335,24 @@ impl Entry {
     /// wake or cancel of the next reconcile before it registers its own task's waker
     /// leaves its mark, which the poll checks after registering.
     #[inline]
-    pub(crate) fn clear(&mut self) {
+    pub(crate) fn clear(&self) {
         self.facts.clear();
     }
 
     /// When it started, as an `Instant`.
     pub(crate) fn started_at(&self) -> Instant {
-        self.epoch.instant(self.started)
+        self.epoch.instant(self.started())
+    }
+
+    /// When it started ([`clock`]).
+    #[inline]
+    pub(crate) fn started(&self) -> u64 {
+        self.started.load(Ordering::Acquire)
     }
 
     /// How long it has run, read now.
     pub(crate) fn elapsed(&self) -> Duration {
-        Duration::from_nanos(clock::now().saturating_sub(self.started))
+        Duration::from_nanos(clock::now().saturating_sub(self.started()))
     }
 
     /// Now, for a poll's or a wake's record: nanoseconds since the epoch on the coarse
@@ -304,13 +431,17 @@ impl Entry {
 
     #[inline]
     pub(crate) fn cancel_requested(&self) -> bool {
-        self.cancel_requested.load(Ordering::Acquire)
+        self.state().is_cancelled()
     }
 
-    /// Asks the reconcile to stop at its next poll, and wakes it so that poll comes.
-    pub(crate) fn request_cancel(&self) {
-        self.cancel_requested.store(true, Ordering::Release);
+    /// Asks reconcile `id` to stop at its next poll, and wakes it so that poll comes;
+    /// false when it has ended (the entry may hold another reconcile by now).
+    pub(crate) fn request_cancel(&self, id: u64) -> bool {
+        if !self.set_flag(id, State::CANCEL) {
+            return false;
+        }
         self.waker.wake();
+        true
     }
 
     /// Counts a third reference as held (see [`HELD_WITHOUT_WAKERS`]).
@@ -318,18 +449,36 @@ impl Entry {
         self.lent.store(true, Ordering::Relaxed);
     }
 
-    pub(crate) fn mark_reported_hung(&self) {
-        self.reported_hung.store(true, Ordering::Release);
-    }
-
-    #[inline]
-    pub(crate) fn was_reported_hung(&self) -> bool {
-        self.reported_hung.load(Ordering::Acquire)
-    }
-
     /// A plain-data copy of the entry registered as `id`, taken alone.
     pub(crate) fn snapshot(self: &Arc<Self>, id: u64) -> InFlight {
         self.snapshot_at(id, &Clocks::now(), &mut thread::InfoCache::default())
+    }
+
+    /// A copy of reconcile `id`, taken alone, while it runs.
+    pub(crate) fn snapshot_of(self: &Arc<Self>, id: u64) -> Option<InFlight> {
+        let state = self.state();
+        if !(state.is_active() && state.id() == id) {
+            return None;
+        }
+        self.snapshot_running(&Clocks::now(), &mut thread::InfoCache::default())
+            .filter(|copy| copy.id == id)
+    }
+
+    /// A copy of the running reconcile, or `None` when the entry is idle, or when its
+    /// reconcile ended and another began while it was copied (the copy may mix the two).
+    pub(crate) fn snapshot_running(
+        self: &Arc<Self>,
+        clocks: &Clocks,
+        threads: &mut thread::InfoCache,
+    ) -> Option<InFlight> {
+        let before = self.state();
+        if !before.is_active() {
+            return None;
+        }
+        let copy = self.snapshot_at(before.id(), clocks, threads);
+        // A reuse resets every field before it publishes the new id: the same id after
+        // the copy means every field read was this reconcile's.
+        (self.state().id() == before.id()).then_some(copy)
     }
 
     /// A plain-data copy for the monitor and the debug view, one of many taken at
@@ -363,7 +512,7 @@ impl Entry {
             id,
             controller: Arc::clone(&self.controller.name),
             kind: Arc::clone(&self.controller.kind),
-            object: self.object.clone(),
+            object: self.object().clone(),
             deadline: self.controller.deadline,
             started,
             // Dated on the wall clock here rather than at registration, which saves the

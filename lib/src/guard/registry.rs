@@ -4,14 +4,14 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
 use super::clock;
-use super::entry::{Clocks, Entry, Epoch, InFlight, ObjectKey, Outcome};
+use super::entry::{Clocks, Entry, Epoch, InFlight, ObjectKey, Outcome, key_of};
 use super::fanout::{Both, Fanout};
 use super::guarded::Guarded;
 use super::thread::InfoCache;
@@ -172,9 +172,11 @@ const SHARDS: usize = 256;
 /// One map value: what a scan needs to pass over an on-time reconcile, kept inline so
 /// that it does not follow the pointer to the entry (a cache miss per reconcile).
 struct Slot {
-    /// When it started ([`clock`]); the scan compares it with one threshold per
-    /// controller (now less the deadline), so registering does no arithmetic.
-    started: u64,
+    /// When the entry's running reconcile started ([`clock`]), or earlier: the start of
+    /// its first reconcile, or of a later one a scan copied in. A later reconcile of
+    /// the same entry starts later, so a slot that is on time by it is on time; the
+    /// scan looks at the entry only past this (and then copies its start in).
+    started: AtomicU64,
     /// The address of the entry's `Controller`: compared to count per controller, never
     /// dereferenced (a clone of the `Arc` would cost two atomics per reconcile).
     controller: usize,
@@ -231,6 +233,9 @@ pub(crate) struct Controller {
     /// second (the others told after it, in pairs). The usual two (the advisor and the
     /// metrics) are told with one call each; behind one `Fanout` observer they took three.
     observers: [Option<Arc<dyn ControllerObserver>>; 2],
+    /// Its reconciles in flight: what a scan counts. The map cannot tell, as it also
+    /// holds idle spare entries. Written by every reconcile, so on a line of its own.
+    in_flight: OwnLine<AtomicUsize>,
 }
 
 impl Controller {
@@ -244,6 +249,7 @@ impl Controller {
         let second = resolved.reduce(|first, then| Arc::new(Both(first, then)));
         Self {
             observers: [first, second],
+            in_flight: OwnLine(AtomicUsize::new(0)),
             registry: registry.clone(),
             name,
             kind,
@@ -284,7 +290,7 @@ impl<T> std::ops::Deref for OwnLine<T> {
 const BUSY_SHARDS_SKIPPED: usize = 4;
 
 impl Shared {
-    /// Inserts `slot` under a fresh id, and returns the id.
+    /// Inserts `slot` under a fresh key, and returns the key.
     ///
     /// A scan read-locks one shard at a time; a registration that lands on that shard
     /// waits, and if the kernel has switched the scanner out meanwhile, for as long as
@@ -354,11 +360,6 @@ impl Registry {
         }
     }
 
-    /// The instant its entries' clocks count from.
-    pub(crate) fn epoch(&self) -> Epoch {
-        self.shared.epoch
-    }
-
     /// The deadlines this registry hands out.
     #[must_use]
     pub fn deadlines(&self) -> &Deadlines {
@@ -375,16 +376,24 @@ impl Registry {
         }
     }
 
-    /// How many reconciles are in flight.
+    /// How many reconciles are in flight (a pass over the map).
     #[must_use]
     pub fn len(&self) -> usize {
-        self.shared.in_flight.len()
+        self.shared
+            .in_flight
+            .iter()
+            .filter(|slot| slot.entry.state().is_active())
+            .count()
     }
 
     /// Whether no reconcile is in flight.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.shared.in_flight.is_empty()
+        !self
+            .shared
+            .in_flight
+            .iter()
+            .any(|slot| slot.entry.state().is_active())
     }
 
     /// A copy of every in-flight reconcile. Holds each shard's read lock only while
@@ -397,7 +406,7 @@ impl Registry {
         self.shared
             .in_flight
             .iter()
-            .map(|e| e.value().entry.snapshot_at(*e.key(), &clocks, &mut threads))
+            .filter_map(|slot| slot.entry.snapshot_running(&clocks, &mut threads))
             .collect()
     }
 
@@ -426,38 +435,64 @@ impl Registry {
         let mut seen: Vec<(usize, Option<u64>)> = Vec::new();
         for slot in self.shared.in_flight.iter() {
             let overdue_before = match seen.iter().position(|&(c, _)| c == slot.controller) {
-                Some(i) => {
-                    counts[i].1 += 1;
-                    seen[i].1
-                }
+                Some(i) => seen[i].1,
                 None => {
                     let controller = &slot.entry.controller;
                     let overdue_before = now
                         .checked_sub(controller.deadline)
                         .map(|before| epoch.nanos(before));
                     seen.push((slot.controller, overdue_before));
-                    counts.push((Arc::clone(&controller.name), 1));
+                    let in_flight = controller.in_flight.load(Ordering::Relaxed);
+                    if in_flight > 0 {
+                        counts.push((Arc::clone(&controller.name), in_flight));
+                    }
                     overdue_before
                 }
             };
-            let overdue = overdue_before.is_some_and(|before| slot.started < before);
-            if overdue {
-                // The verdict reports every reconcile this scan finds overdue as hung.
-                // Mark it now, under the shard's read lock, not after the verdict: the
-                // guard leaves the map under the write lock and then reads the mark, so
-                // one that ends from here on, however soon, queues its end.
-                slot.entry.mark_reported_hung();
+            let maybe_overdue =
+                overdue_before.is_some_and(|before| slot.started.load(Ordering::Relaxed) < before);
+            if !maybe_overdue && !in_poll {
+                continue;
             }
-            if overdue || (in_poll && slot.entry.in_poll()) {
-                out.push(slot.entry.snapshot_at(*slot.key(), &clocks, &mut threads));
+            let entry = &slot.entry;
+            let state = entry.state();
+            if !state.is_active() {
+                continue;
+            }
+            if let Some(before) = overdue_before.filter(|_| maybe_overdue) {
+                // Read after the state: a reconcile's start is written before the state
+                // word publishes it.
+                let started = entry.started();
+                if started < before {
+                    // The verdict reports every reconcile this scan finds overdue as
+                    // hung. Mark it now, before the verdict looks: the mark and the
+                    // reconcile's end are each one step on its state word, so one that
+                    // ends from here on, however soon, queues its end; one that ended
+                    // first is not marked, and not reported. A marked entry is never
+                    // reused, so the copy below is of this reconcile.
+                    if entry.mark_reported_hung(state.id()) {
+                        out.push(entry.snapshot_at(state.id(), &clocks, &mut threads));
+                    }
+                    continue;
+                }
+                // On time: the slot takes its start, so that the next scans pass over
+                // it without looking at the entry until this reconcile nears its own
+                // deadline.
+                slot.started.store(started, Ordering::Relaxed);
+            }
+            if in_poll
+                && entry.in_poll()
+                && let Some(copy) = entry.snapshot_running(&clocks, &mut threads)
+            {
+                out.push(copy);
             }
         }
     }
 
     /// A copy of reconcile `id`, while it is in flight.
     pub(crate) fn get(&self, id: u64) -> Option<InFlight> {
-        let entry = Arc::clone(&self.shared.in_flight.get(&id)?.entry);
-        Some(entry.snapshot(id))
+        let entry = Arc::clone(&self.shared.in_flight.get(&key_of(id))?.entry);
+        entry.snapshot_of(id)
     }
 
     /// Takes the reconciles that ended after being reported hung.
@@ -474,15 +509,9 @@ impl Registry {
         let entry = self
             .shared
             .in_flight
-            .get(&id)
+            .get(&key_of(id))
             .map(|e| Arc::clone(&e.value().entry));
-        match entry {
-            Some(entry) => {
-                entry.request_cancel();
-                true
-            }
-            None => false,
-        }
+        entry.is_some_and(|entry| entry.request_cancel(id))
     }
 }
 
@@ -539,33 +568,39 @@ impl ControllerHandle {
     /// Registers a reconcile of `object` by hand; prefer [`guard`](Self::guard).
     pub fn register(&self, object: ObjectKey) -> Guard {
         let controller = &self.controller;
-        let shared = &controller.registry.shared;
         let started = clock::now();
-        // The entry the thread's latest reconcile left, when nothing held it as it ended:
-        // no allocation, and most fields stay as they are.
-        let fresh = |object| {
-            Arc::new(Entry::new(
-                Arc::clone(controller),
-                object,
-                shared.epoch,
-                started,
-            ))
-        };
-        let entry = match SPARE.try_with(Cell::take).ok().flatten() {
-            Some(mut spare) => match Arc::get_mut(&mut spare) {
-                Some(unshared) => {
-                    unshared.reuse(controller, object, started);
-                    spare
-                }
-                None => fresh(object),
-            },
-            None => fresh(object),
-        };
-        let id = shared.insert(Slot {
+        controller.in_flight.fetch_add(1, Ordering::Relaxed);
+        // The entry the thread's latest reconcile of this controller left idle in the
+        // map: no allocation, no insertion.
+        if let Some(spare) = SPARE.try_with(Spare::take).ok().flatten() {
+            if Arc::ptr_eq(&spare.controller, controller)
+                // Held by the map and this thread only: no reader is copying it.
+                && Arc::strong_count(&spare) == 2
+                && let Some(id) = spare.next_reconcile()
+            {
+                spare.reuse(id, object, started);
+                return Guard {
+                    id,
+                    entry: Some(spare),
+                    outcome: None,
+                };
+            }
+            // Another controller's, or read right now: it stays the thread's spare.
+            // (Its ids used up: it leaves the map.)
+            release(spare);
+        }
+        let entry = Arc::new(Entry::new(
+            Arc::clone(controller),
+            object,
+            controller.registry.shared.epoch,
             started,
+        ));
+        let id = controller.registry.shared.insert(Slot {
+            started: AtomicU64::new(started),
             controller: Arc::as_ptr(controller) as usize,
             entry: Arc::clone(&entry),
         });
+        entry.begin(id);
         Guard {
             id,
             entry: Some(entry),
@@ -596,11 +631,69 @@ pub struct Guard {
 }
 
 thread_local! {
-    /// An entry whose reconcile ended on this thread with nothing else holding it, kept
-    /// for the thread's next registration: an allocation and a free saved per reconcile
-    /// (about 200 instructions of the guard's 800, callgrind). One per thread, so it
-    /// holds at most one entry's memory (and its controller's) per thread.
-    static SPARE: Cell<Option<Arc<Entry>>> = const { Cell::new(None) };
+    /// An entry whose reconcile ended on this thread with nothing else holding it, left
+    /// idle in the map for the thread's next reconcile of its controller: an
+    /// allocation, a free, a map insertion and a removal saved per reconcile (about 370
+    /// instructions of a guard's 900, callgrind). One per thread, so it holds at most
+    /// one entry's memory (and its controller's) per thread.
+    static SPARE: Spare = const { Spare(Cell::new(None)) };
+}
+
+/// The thread's spare entry; it leaves the map with the thread.
+struct Spare(Cell<Option<Arc<Entry>>>);
+
+impl Spare {
+    fn take(&self) -> Option<Arc<Entry>> {
+        self.0.take()
+    }
+
+    /// Keeps `entry` when the thread has no spare; gives it back otherwise.
+    fn keep(&self, entry: Arc<Entry>) -> Option<Arc<Entry>> {
+        match self.0.take() {
+            None => {
+                self.0.set(Some(entry));
+                None
+            }
+            Some(kept) => {
+                self.0.set(Some(kept));
+                Some(entry)
+            }
+        }
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        if let Some(entry) = self.0.take() {
+            leave_map(&entry);
+        }
+    }
+}
+
+/// Takes an idle entry out of its registry's map.
+fn leave_map(entry: &Entry) {
+    entry
+        .controller
+        .registry
+        .shared
+        .in_flight
+        .remove(&entry.key());
+}
+
+/// Puts back an idle entry this thread's registration could not use: it stays the
+/// thread's spare while it has ids left, and leaves the map otherwise.
+#[cold]
+fn release(spare: Arc<Entry>) {
+    let mut unused = Some(spare);
+    if unused
+        .as_ref()
+        .is_some_and(|e| e.next_reconcile().is_some())
+    {
+        let _ = SPARE.try_with(|s| unused = unused.take().and_then(|e| s.keep(e)));
+    }
+    if let Some(entry) = unused {
+        leave_map(&entry);
+    }
 }
 
 impl std::fmt::Debug for Guard {
@@ -608,7 +701,7 @@ impl std::fmt::Debug for Guard {
         f.debug_struct("Guard")
             .field("id", &self.id)
             .field("controller", &self.entry().controller.name)
-            .field("object", &self.entry().object)
+            .field("object", &*self.entry().object())
             .finish()
     }
 }
@@ -646,7 +739,7 @@ impl Guard {
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        let Some(mut entry) = self.entry.take() else {
+        let Some(entry) = self.entry.take() else {
             return;
         };
         let outcome = || {
@@ -657,27 +750,28 @@ impl Drop for Guard {
             })
         };
         let controller = &entry.controller;
-        let shared = &controller.registry.shared;
-        // Leave the map before queueing the end: the monitor takes ends before it
-        // snapshots, so it never sees one reconcile both ended and in flight.
-        shared.in_flight.remove(&self.id);
+        // Leave the in-flight set before queueing the end: the monitor takes ends before
+        // it scans, so it never sees one reconcile both ended and in flight.
+        let hung = entry.end().is_hung();
+        controller.in_flight.fetch_sub(1, Ordering::Relaxed);
         // The second is only there with the first.
         if let [Some(first), second] = &controller.observers {
-            let ran = clock::now().saturating_sub(entry.started);
+            let ran = clock::now().saturating_sub(entry.started());
             let elapsed = Duration::from_nanos(ran);
             first.finished(outcome(), elapsed);
             if let Some(second) = second {
                 second.finished(outcome(), elapsed);
             }
             if ran > controller.late_after {
+                let object = entry.object().clone();
                 let end = LateEnd {
                     controller: &controller.name,
                     kind: &controller.kind,
-                    object: &entry.object,
+                    object: &object,
                     outcome: outcome(),
                     elapsed,
                     deadline: controller.deadline,
-                    reported_hung: entry.was_reported_hung(),
+                    reported_hung: hung,
                 };
                 first.ended_late(&end);
                 if let Some(second) = second {
@@ -685,7 +779,7 @@ impl Drop for Guard {
                 }
             }
         }
-        if entry.was_reported_hung() {
+        if hung {
             let outcome = outcome();
             let reconcile = entry.snapshot(self.id);
             let ended = Ended {
@@ -693,18 +787,29 @@ impl Drop for Guard {
                 reconcile,
                 outcome,
             };
-            shared
+            controller
+                .registry
+                .shared
                 .ended
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(ended);
         }
-        // Out of the map, nobody else holds it (no waker clone, no reader, no request
-        // still in flight): the thread keeps it for its next reconcile.
-        if let Some(unshared) = Arc::get_mut(&mut entry) {
-            unshared.clear();
+        // Nobody else holds it (no waker clone, no reader, no request still in flight;
+        // the map's reference and this one), and no reader is copying it (it was not
+        // reported hung): it stays in the map, idle, as the thread's spare.
+        let mut unused = Some(entry);
+        if !hung && unused.as_ref().is_some_and(|e| Arc::strong_count(e) == 2) {
+            // Whatever the last other holder wrote happened before this point.
+            std::sync::atomic::fence(Ordering::Acquire);
+            if let Some(entry) = &unused {
+                entry.clear();
+            }
             // (Not during the thread's exit, when its thread-locals are gone.)
-            let _ = SPARE.try_with(|spare| spare.set(Some(entry)));
+            let _ = SPARE.try_with(|spare| unused = unused.take().and_then(|e| spare.keep(e)));
+        }
+        if let Some(entry) = unused {
+            leave_map(&entry);
         }
     }
 }
@@ -745,6 +850,131 @@ mod tests {
         // An on-time reconcile is not marked, and queues nothing.
         on_time.finish(Outcome::Ok);
         assert!(registry.take_ended().is_empty());
+    }
+
+    #[test]
+    fn an_ended_entry_holds_the_threads_next_reconcile_and_the_old_id_reaches_nothing() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let first = handle.register(ObjectKey::cluster("a"));
+        let first_id = first.id();
+        first.finish(Outcome::Ok);
+        assert!(registry.is_empty());
+        assert_eq!(registry.len(), 0);
+        assert_eq!(
+            registry.shared.in_flight.len(),
+            1,
+            "the ended entry stays in the map as the thread's spare"
+        );
+        assert!(registry.snapshot().is_empty());
+
+        let second = handle.register(ObjectKey::cluster("b"));
+        assert_ne!(second.id(), first_id);
+        assert_eq!(key_of(second.id()), key_of(first_id), "the same entry");
+        assert_eq!(registry.shared.in_flight.len(), 1);
+        assert_eq!(registry.len(), 1);
+        // The ended reconcile's id finds nothing, and cannot cancel its successor.
+        assert!(registry.get(first_id).is_none());
+        assert!(!registry.request_cancel(first_id));
+        let now = registry.get(second.id()).expect("in flight");
+        assert_eq!(now.object, ObjectKey::cluster("b"));
+        assert!(!now.cancel_requested);
+        assert!(registry.request_cancel(second.id()));
+        assert!(
+            registry
+                .get(second.id())
+                .expect("in flight")
+                .cancel_requested
+        );
+        second.finish(Outcome::Cancelled);
+
+        // The cancel request ended with its reconcile.
+        let third = handle.register(ObjectKey::cluster("c"));
+        assert_eq!(key_of(third.id()), key_of(first_id));
+        assert!(
+            !registry
+                .get(third.id())
+                .expect("in flight")
+                .cancel_requested
+        );
+        assert_eq!(registry.snapshot().len(), 1);
+        drop(third);
+        assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn a_reused_entry_is_judged_by_its_own_reconciles_start() {
+        let deadline = Duration::from_secs(10);
+        let registry = Registry::new(deadline);
+        let handle = registry.controller("web", "Widget");
+        let first = handle.register(ObjectKey::cluster("a"));
+        let first_started = registry.get(first.id()).expect("in flight").started;
+        drop(first);
+        std::thread::sleep(Duration::from_millis(5));
+        let second = handle.register(ObjectKey::cluster("b"));
+        let id = second.id();
+        let started = registry.get(id).expect("in flight").started;
+        assert!(started > first_started);
+
+        // Past the deadline of the slot's start, the first reconcile's, not of this one:
+        // on time, counted, not marked.
+        let (mut out, mut counts) = (Vec::new(), Vec::new());
+        registry.scan_into(started + deadline, false, &mut out, &mut counts);
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(counts, vec![(Arc::from("web"), 1)]);
+        // Past its own: overdue, and marked, so its end is queued.
+        registry.scan_into(
+            started + deadline + Duration::from_millis(1),
+            false,
+            &mut out,
+            &mut counts,
+        );
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].id, id);
+        assert_eq!(out[0].object, ObjectKey::cluster("b"));
+        second.finish(Outcome::Ok);
+        let ended = registry.take_ended();
+        assert_eq!(ended.len(), 1);
+        assert_eq!(ended[0].reconcile.id, id);
+
+        // An entry reported hung is not reused (a reader may still be copying it).
+        let third = handle.register(ObjectKey::cluster("c"));
+        assert_ne!(key_of(third.id()), key_of(id));
+        drop(third);
+        assert!(registry.is_empty());
+        assert_eq!(registry.shared.in_flight.len(), 1);
+    }
+
+    #[test]
+    fn an_entry_still_held_at_its_end_leaves_the_map() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let guard = handle.register(ObjectKey::cluster("a"));
+        // As a waker clone the reconcile kept would hold it.
+        let held = guard.lend();
+        drop(guard);
+        assert_eq!(registry.shared.in_flight.len(), 0);
+        drop(held);
+
+        // Another controller's spare stays the thread's; this one's ended entry leaves.
+        let other = registry.controller("db", "Widget");
+        drop(handle.register(ObjectKey::cluster("b")));
+        let spare_key = registry.shared.in_flight.iter().next().map(|e| *e.key());
+        drop(other.register(ObjectKey::cluster("c")));
+        assert_eq!(registry.shared.in_flight.len(), 1);
+        let again = handle.register(ObjectKey::cluster("d"));
+        assert_eq!(Some(key_of(again.id())), spare_key);
+        drop(again);
+    }
+
+    #[test]
+    fn a_threads_spare_leaves_the_map_with_the_thread() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        std::thread::spawn(move || drop(handle.register(ObjectKey::cluster("a"))))
+            .join()
+            .expect("no panic");
+        assert_eq!(registry.shared.in_flight.len(), 0);
     }
 
     #[test]

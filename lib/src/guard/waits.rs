@@ -50,29 +50,48 @@ impl Outgoing {
 
 /// The facts of an entry, made at the first fact: an entry without any (no client
 /// layer, no label) pays two words and no allocation for them, and its drop one test.
-pub(crate) struct FactsCell(Mutex<Option<Box<Facts>>>);
+pub(crate) struct FactsCell {
+    facts: Mutex<Option<Box<Facts>>>,
+    /// Set with the first fact of a reconcile, so that clearing them for the entry's next
+    /// reconcile takes the lock only when there is something to clear.
+    written: AtomicBool,
+}
 
 impl FactsCell {
     pub(crate) const fn new() -> Self {
-        Self(Mutex::new(None))
-    }
-
-    /// Empties them for the entry's next reconcile, keeping their allocation.
-    #[inline]
-    pub(crate) fn clear(&mut self) {
-        if let Some(facts) = self.0.get_mut().unwrap_or_else(|p| p.into_inner()) {
-            facts.requests.clear();
-            facts.label = None;
+        Self {
+            facts: Mutex::new(None),
+            written: AtomicBool::new(false),
         }
     }
 
+    /// Empties them for the entry's next reconcile, keeping their allocation. Called
+    /// once nothing but the entry's thread can write them.
+    #[inline]
+    pub(crate) fn clear(&self) {
+        if self.written.load(Ordering::Acquire) {
+            if let Some(facts) = self.lock().as_mut() {
+                facts.requests.clear();
+                facts.label = None;
+            }
+            self.written.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The facts, to write.
+    fn write(&self) -> std::sync::MutexGuard<'_, Option<Box<Facts>>> {
+        let facts = self.lock();
+        self.written.store(true, Ordering::Release);
+        facts
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Box<Facts>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.facts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
     pub(crate) fn request_sent(&self, request: Arc<Outgoing>) {
-        self.lock()
+        self.write()
             .get_or_insert_with(Box::default)
             .requests
             .push(request);
@@ -88,7 +107,7 @@ impl FactsCell {
     }
 
     pub(crate) fn set_label(&self, label: Option<&'static str>) {
-        let mut facts = self.lock();
+        let mut facts = self.write();
         match (facts.as_mut(), label) {
             (Some(facts), _) => facts.label = label,
             (None, Some(_)) => facts.get_or_insert_with(Box::default).label = label,
@@ -98,7 +117,7 @@ impl FactsCell {
 
     /// What a snapshot shows of them at `now`; `None` when a writer holds them.
     pub(crate) fn read(&self, now: Instant) -> Option<(Option<RequestWait>, Option<&'static str>)> {
-        let facts = self.0.try_lock().ok()?;
+        let facts = self.facts.try_lock().ok()?;
         let Some(facts) = facts.as_ref() else {
             return Some((None, None));
         };
