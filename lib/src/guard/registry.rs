@@ -570,12 +570,11 @@ impl ControllerHandle {
         let controller = &self.controller;
         let started = clock::now();
         controller.in_flight.fetch_add(1, Ordering::Relaxed);
-        // The entry the thread's latest reconcile of this controller left idle in the
-        // map: no allocation, no insertion.
-        if let Some(spare) = SPARE.try_with(Spare::take).ok().flatten() {
-            if Arc::ptr_eq(&spare.controller, controller)
-                // Held by the map and this thread only: no reader is copying it.
-                && Arc::strong_count(&spare) == 2
+        // An entry a reconcile of this controller left idle in the map on this thread:
+        // no allocation, no insertion.
+        if let Some(spare) = SPARES.try_with(|s| s.take(controller)).ok().flatten() {
+            // Held by the map and this thread only: no reader is copying it.
+            if Arc::strong_count(&spare) == 2
                 && let Some(id) = spare.next_reconcile()
             {
                 spare.reuse(id, object, started);
@@ -585,8 +584,7 @@ impl ControllerHandle {
                     outcome: None,
                 };
             }
-            // Another controller's, or read right now: it stays the thread's spare.
-            // (Its ids used up: it leaves the map.)
+            // Read right now: it stays a spare. (Its ids used up: it leaves the map.)
             release(spare);
         }
         let entry = Arc::new(Entry::new(
@@ -630,42 +628,65 @@ pub struct Guard {
     outcome: Option<Outcome>,
 }
 
+/// Spare entries a thread keeps: enough for the controllers whose reconciles its
+/// runtime's tasks interleave, few enough that the map holds few idle entries.
+const SPARES_PER_THREAD: usize = 4;
+
 thread_local! {
-    /// An entry whose reconcile ended on this thread with nothing else holding it, left
-    /// idle in the map for the thread's next reconcile of its controller: an
-    /// allocation, a free, a map insertion and a removal saved per reconcile (about 370
-    /// instructions of a guard's 900, callgrind). One per thread, so it holds at most
-    /// one entry's memory (and its controller's) per thread.
-    static SPARE: Spare = const { Spare(Cell::new(None)) };
+    /// Entries whose reconciles ended on this thread with nothing else holding them,
+    /// left idle in the map for the thread's next reconciles of their controllers
+    /// (at most one per controller, mostly): an allocation, a free, a map insertion
+    /// and a removal saved per reconcile (about 370 instructions of a guard's 900,
+    /// callgrind). At most [`SPARES_PER_THREAD`] entries' memory (and their controllers') per
+    /// thread.
+    static SPARES: Spares = const { Spares([const { Cell::new(None) }; SPARES_PER_THREAD]) };
 }
 
-/// The thread's spare entry; it leaves the map with the thread.
-struct Spare(Cell<Option<Arc<Entry>>>);
+/// The thread's spare entries; they leave the map with the thread.
+struct Spares([Cell<Option<Arc<Entry>>>; SPARES_PER_THREAD]);
 
-impl Spare {
-    fn take(&self) -> Option<Arc<Entry>> {
-        self.0.take()
-    }
-
-    /// Keeps `entry` when the thread has no spare; gives it back otherwise.
-    fn keep(&self, entry: Arc<Entry>) -> Option<Arc<Entry>> {
-        match self.0.take() {
-            None => {
-                self.0.set(Some(entry));
-                None
-            }
-            Some(kept) => {
-                self.0.set(Some(kept));
-                Some(entry)
+impl Spares {
+    /// Takes a spare of `controller`.
+    #[inline]
+    fn take(&self, controller: &Arc<Controller>) -> Option<Arc<Entry>> {
+        for cell in &self.0 {
+            match cell.take() {
+                Some(spare) if Arc::ptr_eq(&spare.controller, controller) => return Some(spare),
+                other => cell.set(other),
             }
         }
+        None
+    }
+
+    /// Keeps `entry` in the first free place, unless a spare of its controller comes
+    /// first; gives it back when it is not kept.
+    #[inline]
+    fn keep(&self, entry: Arc<Entry>) -> Option<Arc<Entry>> {
+        for cell in &self.0 {
+            match cell.take() {
+                None => {
+                    cell.set(Some(entry));
+                    return None;
+                }
+                Some(kept) => {
+                    let same = Arc::ptr_eq(&kept.controller, &entry.controller);
+                    cell.set(Some(kept));
+                    if same {
+                        break;
+                    }
+                }
+            }
+        }
+        Some(entry)
     }
 }
 
-impl Drop for Spare {
+impl Drop for Spares {
     fn drop(&mut self) {
-        if let Some(entry) = self.0.take() {
-            leave_map(&entry);
+        for cell in &self.0 {
+            if let Some(entry) = cell.take() {
+                leave_map(&entry);
+            }
         }
     }
 }
@@ -680,8 +701,8 @@ fn leave_map(entry: &Entry) {
         .remove(&entry.key());
 }
 
-/// Puts back an idle entry this thread's registration could not use: it stays the
-/// thread's spare while it has ids left, and leaves the map otherwise.
+/// Puts back an idle entry this thread's registration could not use: it stays a spare
+/// while it has ids left, and leaves the map otherwise.
 #[cold]
 fn release(spare: Arc<Entry>) {
     let mut unused = Some(spare);
@@ -689,7 +710,7 @@ fn release(spare: Arc<Entry>) {
         .as_ref()
         .is_some_and(|e| e.next_reconcile().is_some())
     {
-        let _ = SPARE.try_with(|s| unused = unused.take().and_then(|e| s.keep(e)));
+        let _ = SPARES.try_with(|s| unused = unused.take().and_then(|e| s.keep(e)));
     }
     if let Some(entry) = unused {
         leave_map(&entry);
@@ -797,7 +818,7 @@ impl Drop for Guard {
         }
         // Nobody else holds it (no waker clone, no reader, no request still in flight;
         // the map's reference and this one), and no reader is copying it (it was not
-        // reported hung): it stays in the map, idle, as the thread's spare.
+        // reported hung): it stays in the map, idle, as one of the thread's spares.
         let mut unused = Some(entry);
         if !hung && unused.as_ref().is_some_and(|e| Arc::strong_count(e) == 2) {
             // Whatever the last other holder wrote happened before this point.
@@ -806,7 +827,7 @@ impl Drop for Guard {
                 entry.clear();
             }
             // (Not during the thread's exit, when its thread-locals are gone.)
-            let _ = SPARE.try_with(|spare| unused = unused.take().and_then(|e| spare.keep(e)));
+            let _ = SPARES.try_with(|spares| unused = unused.take().and_then(|e| spares.keep(e)));
         }
         if let Some(entry) = unused {
             leave_map(&entry);
@@ -956,15 +977,28 @@ mod tests {
         assert_eq!(registry.shared.in_flight.len(), 0);
         drop(held);
 
-        // Another controller's spare stays the thread's; this one's ended entry leaves.
+        // A spare per controller: reconciles of two, in turn, each reuse their own.
         let other = registry.controller("db", "Widget");
-        drop(handle.register(ObjectKey::cluster("b")));
-        let spare_key = registry.shared.in_flight.iter().next().map(|e| *e.key());
-        drop(other.register(ObjectKey::cluster("c")));
-        assert_eq!(registry.shared.in_flight.len(), 1);
-        let again = handle.register(ObjectKey::cluster("d"));
-        assert_eq!(Some(key_of(again.id())), spare_key);
-        drop(again);
+        let (web, db) = (
+            handle.register(ObjectKey::cluster("b")),
+            other.register(ObjectKey::cluster("c")),
+        );
+        let keys = (key_of(web.id()), key_of(db.id()));
+        drop((web, db));
+        assert_eq!(registry.shared.in_flight.len(), 2);
+        for _ in 0..3 {
+            let web = handle.register(ObjectKey::cluster("b"));
+            let db = other.register(ObjectKey::cluster("c"));
+            assert_eq!((key_of(web.id()), key_of(db.id())), keys);
+        }
+        // Two of one controller at once: the second to end leaves the map.
+        let (first, second) = (
+            handle.register(ObjectKey::cluster("d")),
+            handle.register(ObjectKey::cluster("e")),
+        );
+        drop((first, second));
+        assert_eq!(registry.shared.in_flight.len(), 2);
+        assert!(registry.is_empty());
     }
 
     #[test]
