@@ -1,12 +1,13 @@
 //! Timed guards around reconciles, and the registry of those in flight.
 //!
-//! Registering a reconcile inserts one entry into a [`Registry`]; the [`Guard`] that
-//! registration returns removes it on every exit path (completion, error, panic, or the
+//! Registering a reconcile puts one entry into a [`Registry`]; the [`Guard`] that
+//! registration returns ends it on every exit path (completion, error, panic, or the
 //! future being dropped). [`Guarded`] wraps a reconcile future and records, per poll,
 //! what the monitor needs to tell an await that never woke from a poll that never
-//! returned. The hot path is one map insert and one remove per reconcile plus a few
-//! atomics per poll: no timer, no lock held across an await, and no allocation (an
-//! entry that ended unshared is kept by its thread for the next registration).
+//! returned. The hot path is a few atomics per reconcile and per poll: no timer, no lock
+//! held across an await, no allocation and no map insertion or removal (an entry that
+//! ended unshared stays in the map, idle, for its thread's next reconcile of its
+//! controller).
 
 mod clock;
 mod entry;

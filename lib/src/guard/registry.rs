@@ -659,7 +659,10 @@ impl Spares {
     }
 
     /// Keeps `entry` in the first free place, unless a spare of its controller comes
-    /// first; gives it back when it is not kept.
+    /// first (then it gives `entry` back); when every place holds another controller's
+    /// spare, the first is given back, the others move up and `entry` takes the last
+    /// place, so that the controllers (and registries) a thread no longer runs do not
+    /// keep theirs.
     #[inline]
     fn keep(&self, entry: Arc<Entry>) -> Option<Arc<Entry>> {
         for cell in &self.0 {
@@ -672,12 +675,17 @@ impl Spares {
                     let same = Arc::ptr_eq(&kept.controller, &entry.controller);
                     cell.set(Some(kept));
                     if same {
-                        break;
+                        return Some(entry);
                     }
                 }
             }
         }
-        Some(entry)
+        let oldest = self.0[0].take();
+        for i in 1..SPARES_PER_THREAD {
+            self.0[i - 1].set(self.0[i].take());
+        }
+        self.0[SPARES_PER_THREAD - 1].set(Some(entry));
+        oldest
     }
 }
 
@@ -998,6 +1006,23 @@ mod tests {
         );
         drop((first, second));
         assert_eq!(registry.shared.in_flight.len(), 2);
+        assert!(registry.is_empty());
+
+        // A thread that moves on to other controllers lets the old ones' spares go.
+        let others: Vec<_> = (0..SPARES_PER_THREAD)
+            .map(|i| registry.controller(&format!("other-{i}"), "Widget"))
+            .collect();
+        for other in &others {
+            drop(other.register(ObjectKey::cluster("f")));
+        }
+        assert_eq!(registry.shared.in_flight.len(), SPARES_PER_THREAD);
+        let names: Vec<_> = registry
+            .shared
+            .in_flight
+            .iter()
+            .map(|slot| slot.entry.controller.name.to_string())
+            .collect();
+        assert!(!names.contains(&"web".to_owned()), "{names:?}");
         assert!(registry.is_empty());
     }
 
