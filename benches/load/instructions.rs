@@ -96,6 +96,9 @@ fn callgrind(args: &[&str]) -> u64 {
 /// How far above its recorded figure a count may rise before the check fails.
 const TOLERANCE: f64 = 0.10;
 
+/// The guard as `run` ships it may cost at most this many times the floor (issue 26).
+const BUDGET: f64 = 1.3;
+
 /// Reconciles per callgrind run for the check (and twice that): enough that start-up
 /// cancels out to well under one instruction per reconcile.
 const CHECK_OPS: u64 = 20_000;
@@ -103,7 +106,8 @@ const CHECK_OPS: u64 = 20_000;
 /// The `check-instructions FILE` subcommand: counts instructions per reconcile for each
 /// `VARIANT SHAPE FIGURE` line of `file` and compares each with its figure. Prints a
 /// line per count; returns the exit status (1 when one rose more than 10 % above its
-/// figure, so that the guard's hot path cannot creep unnoticed).
+/// figure, so that the guard's hot path cannot creep unnoticed). The shipped guard's
+/// counts are also held to [`BUDGET`] times the floor's, counted beside them.
 pub fn check(file: &Path) -> i32 {
     let recorded = std::fs::read_to_string(file)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
@@ -132,6 +136,20 @@ pub fn check(file: &Path) -> i32 {
         );
         failed += usize::from(counted > limit);
         checked += 1;
+        if variant == Variant::Guarded {
+            let floor = per_op(Variant::Floor, shape, CHECK_OPS);
+            let budget = floor * BUDGET;
+            let within = counted <= budget;
+            println!(
+                "{:<20} {:<10} {counted:>7.0} instructions per reconcile ({:.2} x the floor's {floor:.0}, budget {BUDGET} x): {}",
+                variant.name(),
+                shape.name(),
+                counted / floor,
+                if within { "ok" } else { "OVER BUDGET" }
+            );
+            failed += usize::from(!within);
+            checked += 1;
+        }
     }
     assert!(checked > 0, "{}: no figure to check", file.display());
     if failed > 0 {
