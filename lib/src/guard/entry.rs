@@ -118,7 +118,7 @@ const AT_START: u64 = 1;
 /// Bits of a reconcile id that name its entry's slot in the registry's map (the key);
 /// the bits above count the reconciles the entry has held before (see [`State`]).
 pub(crate) const KEY_BITS: u32 = 42;
-const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
+pub(crate) const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
 /// A reconcile id fits the state word above its three flags.
 const LAST_GENERATION: u64 = (1 << (64 - 3 - KEY_BITS)) - 1;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::clock;
-use super::entry::{Clocks, Entry, Epoch, InFlight, ObjectKey, Outcome, key_of};
+use super::entry::{Clocks, Entry, Epoch, InFlight, KEY_MASK, ObjectKey, Outcome, key_of};
 use super::fanout::{Both, Fanout};
 use super::guarded::Guarded;
 use super::thread::InfoCache;
@@ -294,21 +294,32 @@ impl Shared {
     ///
     /// A scan read-locks one shard at a time; a registration that lands on that shard
     /// waits, and if the kernel has switched the scanner out meanwhile, for as long as
-    /// another thread runs in its place (a time slice, milliseconds). The id is ours to
-    /// choose, so a registration that finds its shard locked takes the next id instead,
+    /// another thread runs in its place (a time slice, milliseconds). The key is ours to
+    /// choose, so a registration that finds its shard locked takes the next key instead,
     /// which hashes to another shard; only after several busy shards in a row does it wait.
     fn insert(&self, slot: Slot) -> u64 {
-        for _ in 0..BUSY_SHARDS_SKIPPED {
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            // Ids are never reused, so the entry is always vacant.
-            if let Some(dashmap::Entry::Vacant(vacant)) = self.in_flight.try_entry(id) {
+        let mut busy = 0;
+        loop {
+            // Keys come from a counter, in the bits a reconcile id keeps for them: they
+            // wrap after 2^42 insertions, when one still in use is passed over.
+            let key = self.next_id.fetch_add(1, Ordering::Relaxed) & KEY_MASK;
+            if key == 0 {
+                continue;
+            }
+            let entry = if busy < BUSY_SHARDS_SKIPPED {
+                let Some(entry) = self.in_flight.try_entry(key) else {
+                    busy += 1;
+                    continue;
+                };
+                entry
+            } else {
+                self.in_flight.entry(key)
+            };
+            if let dashmap::Entry::Vacant(vacant) = entry {
                 vacant.insert(slot);
-                return id;
+                return key;
             }
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.in_flight.insert(id, slot);
-        id
     }
 }
 
@@ -1023,6 +1034,124 @@ mod tests {
             .map(|slot| slot.entry.controller.name.to_string())
             .collect();
         assert!(!names.contains(&"web".to_owned()), "{names:?}");
+        assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn keys_wrap_past_those_in_use() {
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let first = handle.register(ObjectKey::cluster("a"));
+        assert_eq!(key_of(first.id()), 1);
+        registry.shared.next_id.store(KEY_MASK, Ordering::Relaxed);
+        let last = handle.register(ObjectKey::cluster("b"));
+        assert_eq!(last.id(), KEY_MASK);
+        // Past the last key: 0 is never one, and 1 is in use.
+        let wrapped = handle.register(ObjectKey::cluster("c"));
+        assert_eq!(wrapped.id(), 2);
+        for guard in [&first, &last, &wrapped] {
+            assert_eq!(registry.get(guard.id()).map(|r| r.id), Some(guard.id()));
+        }
+        assert!(registry.request_cancel(last.id()));
+        drop((first, last, wrapped));
+        assert!(registry.is_empty());
+    }
+
+    /// Two threads run reconciles back to back (reusing their spares) while a third
+    /// scans with every reconcile overdue and cancels what it saw: a report names the
+    /// object its reconcile was registered with, every reconcile reported hung queues its
+    /// end once, and a cancel lands only on the reconcile it named.
+    #[test]
+    fn marks_and_cancels_never_land_on_a_reused_entrys_next_reconcile() {
+        use std::collections::{HashMap, HashSet};
+        use std::sync::atomic::AtomicBool;
+
+        let registry = Registry::new(Duration::from_secs(60));
+        let handle = registry.controller("web", "Widget");
+        let done = AtomicBool::new(false);
+        let (registered, (reported, cancelled)) = std::thread::scope(|s| {
+            let runners: Vec<_> = (0..2)
+                .map(|t| {
+                    let (handle, registry, done) = (handle.clone(), &registry, &done);
+                    s.spawn(move || {
+                        let mut seen = Vec::new();
+                        let mut i = 0;
+                        while !done.load(Ordering::Relaxed) {
+                            i += 1;
+                            let object = ObjectKey::cluster(&format!("{t}-{i}"));
+                            let guard = handle.register(object.clone());
+                            // Running long enough for the scanner to meet it now and then.
+                            std::thread::yield_now();
+                            let cancel_seen =
+                                registry.get(guard.id()).is_some_and(|r| r.cancel_requested);
+                            seen.push((guard.id(), object, cancel_seen));
+                        }
+                        seen
+                    })
+                })
+                .collect();
+            let scanner = s.spawn(|| {
+                let (mut out, mut counts) = (Vec::new(), Vec::new());
+                let mut reported: HashMap<u64, ObjectKey> = HashMap::new();
+                let mut cancelled = HashSet::new();
+                let give_up = Instant::now() + Duration::from_secs(20);
+                // Enough scans that land on running reconciles, within a bound.
+                while cancelled.len() < 500 && Instant::now() < give_up {
+                    let now = Instant::now() + Duration::from_secs(3600);
+                    registry.scan_into(now, false, &mut out, &mut counts);
+                    for r in &out {
+                        if let Some(before) = reported.insert(r.id, r.object.clone()) {
+                            assert_eq!(before, r.object, "reconcile {}", r.id);
+                        }
+                        if registry.request_cancel(r.id) {
+                            cancelled.insert(r.id);
+                        }
+                    }
+                }
+                done.store(true, Ordering::Relaxed);
+                (reported, cancelled)
+            });
+            let scanned = scanner.join().expect("no panic");
+            let registered: Vec<_> = runners
+                .into_iter()
+                .flat_map(|r| r.join().expect("no panic"))
+                .collect();
+            (registered, scanned)
+        });
+        assert!(
+            cancelled.len() >= 500,
+            "{} cancels in 20 s",
+            cancelled.len()
+        );
+        let reused = registered
+            .iter()
+            .filter(|(id, _, _)| *id >> super::super::entry::KEY_BITS > 0)
+            .count();
+        assert!(reused > 0, "no entry was reused");
+
+        let objects: HashMap<u64, ObjectKey> = registered
+            .iter()
+            .map(|(id, object, _)| (*id, object.clone()))
+            .collect();
+        assert_eq!(objects.len(), registered.len(), "ids are unique");
+        for (id, object) in &reported {
+            assert_eq!(objects.get(id), Some(object), "reconcile {id}");
+        }
+        for (id, _, cancel_seen) in &registered {
+            assert!(!cancel_seen || cancelled.contains(id), "reconcile {id}");
+        }
+        let ended: Vec<u64> = registry
+            .take_ended()
+            .iter()
+            .map(|e| e.reconcile.id)
+            .collect();
+        let ended_set: HashSet<u64> = ended.iter().copied().collect();
+        assert_eq!(ended.len(), ended_set.len(), "each end queued once");
+        assert_eq!(
+            ended_set,
+            reported.keys().copied().collect::<HashSet<_>>(),
+            "the ends queued are those of the reconciles reported hung"
+        );
         assert!(registry.is_empty());
     }
 
