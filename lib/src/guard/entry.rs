@@ -276,6 +276,10 @@ impl Entry {
     /// [`snapshot_running`](Self::snapshot_running)).
     #[inline]
     pub(crate) fn reuse(&self, id: u64, object: ObjectKey, started: u64) {
+        // The end's swap of the state word is ordered before every write below: a reader
+        // that sees one of them (and fences) sees the state word changed (no
+        // instruction on x86).
+        std::sync::atomic::fence(Ordering::Release);
         // The ended reconcile's object is dropped after the lock is released.
         let _ended = std::mem::replace(&mut *self.object(), object);
         self.started.store(started, Ordering::Relaxed);
@@ -465,7 +469,8 @@ impl Entry {
     }
 
     /// A copy of the running reconcile, or `None` when the entry is idle, or when its
-    /// reconcile ended and another began while it was copied (the copy may mix the two).
+    /// reconcile ended while it was copied (another may have begun: the copy could mix
+    /// the two).
     pub(crate) fn snapshot_running(
         self: &Arc<Self>,
         clocks: &Clocks,
@@ -476,9 +481,13 @@ impl Entry {
             return None;
         }
         let copy = self.snapshot_at(before.id(), clocks, threads);
-        // A reuse resets every field before it publishes the new id: the same id after
-        // the copy means every field read was this reconcile's.
-        (self.state().id() == before.id()).then_some(copy)
+        // A seqlock's check. The end changes the state word before a reuse writes any
+        // field, with a fence between (see `reuse`); with this fence, a copy that read
+        // any of the next reconcile's fields reads the state word ended or changed. The
+        // same reconcile still running after the copy: every field read was its own.
+        std::sync::atomic::fence(Ordering::Acquire);
+        let after = State(self.state.load(Ordering::Relaxed));
+        (after.is_active() && after.id() == before.id()).then_some(copy)
     }
 
     /// A plain-data copy for the monitor and the debug view, one of many taken at
