@@ -698,3 +698,27 @@ impl InFlight {
             .map(|at| now.saturating_duration_since(at))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{KEY_BITS, KEY_MASK, LAST_GENERATION, State, key_of, next_id};
+
+    #[test]
+    fn an_entrys_ids_keep_its_key_and_run_out_before_the_state_word_does() {
+        let first = KEY_MASK;
+        let second = next_id(first).expect("room for a second");
+        assert_eq!(key_of(second), KEY_MASK);
+        assert_ne!(second, first);
+
+        let last = KEY_MASK | LAST_GENERATION << KEY_BITS;
+        assert_eq!(next_id(last), None, "the last generation has no successor");
+        assert_eq!(next_id(last - (1 << KEY_BITS)), Some(last));
+        // The last id and every flag fit the word.
+        let state = State(State::active(last).0 | State::HUNG | State::CANCEL);
+        assert_eq!(state.id(), last);
+        assert!(state.is_active() && state.is_hung() && state.is_cancelled());
+        let ended = state.ended();
+        assert_eq!(ended.id(), last);
+        assert!(!ended.is_active() && !ended.is_hung() && !ended.is_cancelled());
+    }
+}
