@@ -33,7 +33,7 @@ impl Default for Diagnostics {
 
 /// One stuck thread as a report shows it.
 #[derive(Debug)]
-pub struct StuckThread {
+pub(crate) struct StuckThread {
     /// The thread's name.
     pub name: String,
     /// Its stack and kernel state.

@@ -135,7 +135,7 @@ fn thread_fields(threads: &[StuckThread]) -> (Option<String>, Option<String>) {
 /// sample of the runtime's metrics, used by the stall report; `threads` are the stuck
 /// threads the event is about, inspected (by the monitor's inspector); `task_trace` is
 /// the async backtrace of an awaiting hung reconcile's task (feature `task-dump`).
-pub fn emit(
+pub(crate) fn emit(
     event: &Event,
     now: Instant,
     runtime: Option<RuntimeSample>,
