@@ -249,7 +249,7 @@ impl Entry {
         }
     }
 
-    /// Runs reconcile `id` (the first of the entry: its key).
+    /// Publishes reconcile `id` as running: a registration's last write.
     pub(crate) fn begin(&self, id: u64) {
         self.state.store(State::active(id).0, Ordering::Release);
     }
@@ -460,10 +460,6 @@ impl Entry {
 
     /// A copy of reconcile `id`, taken alone, while it runs.
     pub(crate) fn snapshot_of(self: &Arc<Self>, id: u64) -> Option<InFlight> {
-        let state = self.state();
-        if !(state.is_active() && state.id() == id) {
-            return None;
-        }
         self.snapshot_running(&Clocks::now(), &mut thread::InfoCache::default())
             .filter(|copy| copy.id == id)
     }

@@ -49,7 +49,8 @@ impl Outgoing {
 }
 
 /// The facts of an entry, made at the first fact: an entry without any (no client
-/// layer, no label) pays two words and no allocation for them, and its drop one test.
+/// layer, no label) pays two words and a flag and no allocation for them, and its drop
+/// one test.
 pub(crate) struct FactsCell {
     facts: Mutex<Option<Box<Facts>>>,
     /// Set with the first fact of a reconcile, so that clearing them for the entry's next
