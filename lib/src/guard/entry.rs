@@ -2,13 +2,15 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, TryLockError};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::task::AtomicWaker;
 
 use super::clock;
 use super::registry::Controller;
+use super::state::StateWord;
+pub(crate) use super::state::{KEY_MASK, State, key_of};
 use super::thread::{self, ThreadInfo};
 use super::waits::{FactsCell, RequestWait, Waiting};
 
@@ -115,65 +117,6 @@ pub enum PollState {
 /// raises to the start.
 const AT_START: u64 = 1;
 
-/// Bits of a reconcile id that name its entry's slot in the registry's map (the key);
-/// the bits above count the reconciles the entry has held before (see [`State`]).
-pub(crate) const KEY_BITS: u32 = 42;
-pub(crate) const KEY_MASK: u64 = (1 << KEY_BITS) - 1;
-/// A reconcile id fits the state word above its three flags.
-const LAST_GENERATION: u64 = (1 << (64 - 3 - KEY_BITS)) - 1;
-
-/// The state word of an entry: the id of its latest reconcile and three flags, so that
-/// ending it, marking it hung and asking it to stop are each one atomic step that
-/// names the reconcile, and none can land on the entry's next reconcile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct State(u64);
-
-impl State {
-    const ACTIVE: u64 = 1;
-    const HUNG: u64 = 2;
-    const CANCEL: u64 = 4;
-
-    /// Reconcile `id`, running.
-    pub(crate) fn active(id: u64) -> Self {
-        Self(id << 3 | Self::ACTIVE)
-    }
-
-    /// The reconcile's id.
-    pub(crate) fn id(self) -> u64 {
-        self.0 >> 3
-    }
-
-    /// Still running (not ended).
-    pub(crate) fn is_active(self) -> bool {
-        self.0 & Self::ACTIVE != 0
-    }
-
-    /// The monitor reported it hung.
-    pub(crate) fn is_hung(self) -> bool {
-        self.0 & Self::HUNG != 0
-    }
-
-    /// The watchdog asked it to stop.
-    pub(crate) fn is_cancelled(self) -> bool {
-        self.0 & Self::CANCEL != 0
-    }
-
-    /// The same reconcile, ended.
-    fn ended(self) -> Self {
-        Self(self.id() << 3)
-    }
-}
-
-/// The registry key of reconcile `id`: its entry's.
-pub(crate) fn key_of(id: u64) -> u64 {
-    id & KEY_MASK
-}
-
-/// The id of the entry's next reconcile after `id`, while the id has room for one.
-fn next_id(id: u64) -> Option<u64> {
-    (id >> KEY_BITS < LAST_GENERATION).then(|| id + (1 << KEY_BITS))
-}
-
 /// The shared record of one reconcile, kept in the registry's map for as long as the
 /// entry lives: an entry whose reconcile ended unshared stays there, idle, as its
 /// thread's spare, and holds that thread's next reconcile of the same controller
@@ -186,12 +129,13 @@ pub(crate) struct Entry {
     /// life: a spare holds only reconciles of its controller.
     pub(crate) controller: Arc<Controller>,
     /// The latest reconcile's id and whether it runs, was reported hung, was asked to
-    /// stop ([`State`]).
-    state: AtomicU64,
+    /// stop ([`State`]); readers copy the entry under its seqlock protocol.
+    state: StateWord,
     /// The object of the latest reconcile. A lock, not an atomic: a reader clones it
     /// while the next reconcile may be replacing it (uncontended: about 15 instructions
-    /// a registration).
-    object: Mutex<ObjectKey>,
+    /// a registration). Readers share it and only ever try it (see
+    /// [`try_object`](Entry::try_object)); its one writer is the reuse of an idle entry.
+    object: RwLock<ObjectKey>,
     /// When the latest reconcile started on the monotonic clock ([`clock`]), in
     /// nanoseconds. Written before the state word publishes the reconcile.
     started: AtomicU64,
@@ -234,8 +178,8 @@ impl Entry {
     ) -> Self {
         Self {
             controller,
-            state: AtomicU64::new(0),
-            object: Mutex::new(object),
+            state: StateWord::new(),
+            object: RwLock::new(object),
             started: AtomicU64::new(started),
             epoch,
             polls: AtomicU64::new(0),
@@ -251,19 +195,19 @@ impl Entry {
 
     /// Publishes reconcile `id` as running: a registration's last write.
     pub(crate) fn begin(&self, id: u64) {
-        self.state.store(State::active(id).0, Ordering::Release);
+        self.state.begin(id);
     }
 
     /// The id this idle entry's next reconcile would get; `None` when its ids are used
     /// up (then it leaves the map and a fresh entry takes over).
     #[inline]
     pub(crate) fn next_reconcile(&self) -> Option<u64> {
-        next_id(State(self.state.load(Ordering::Relaxed)).id())
+        self.state.load().next_id()
     }
 
     /// The key of its slot in the registry's map.
     pub(crate) fn key(&self) -> u64 {
-        key_of(State(self.state.load(Ordering::Relaxed)).id())
+        key_of(self.state.load().id())
     }
 
     /// Makes this idle spare the entry of reconcile `id` (its
@@ -272,61 +216,68 @@ impl Entry {
     ///
     /// A reader may be looking at the entry meanwhile: every field is reset before the
     /// state word publishes the new id, and a reader that read the old state first
-    /// finds it changed after and discards what it read (see
-    /// [`snapshot_running`](Self::snapshot_running)).
+    /// finds it changed after and discards what it read ([`StateWord::republish`]).
     #[inline]
     pub(crate) fn reuse(&self, id: u64, object: ObjectKey, started: u64) {
-        // The end's swap of the state word is ordered before every write below: a reader
-        // that sees one of them (and fences) sees the state word changed (no
-        // instruction on x86).
-        std::sync::atomic::fence(Ordering::Release);
         // The ended reconcile's object is dropped after the lock is released.
-        let _ended = std::mem::replace(&mut *self.object(), object);
-        self.started.store(started, Ordering::Relaxed);
-        self.polls.store(0, Ordering::Relaxed);
-        self.poll.store(0, Ordering::Relaxed);
-        self.thread.store(0, Ordering::Relaxed);
-        self.task_id.store(0, Ordering::Relaxed);
-        self.woken.store(0, Ordering::Relaxed);
-        self.lent.store(false, Ordering::Relaxed);
-        self.begin(id);
+        let mut ended = None;
+        self.state.republish(id, || {
+            let mut current = self.object.write().unwrap_or_else(|p| p.into_inner());
+            ended = Some(std::mem::replace(&mut *current, object));
+            drop(current);
+            self.started.store(started, Ordering::Relaxed);
+            self.polls.store(0, Ordering::Relaxed);
+            self.poll.store(0, Ordering::Relaxed);
+            self.thread.store(0, Ordering::Relaxed);
+            self.task_id.store(0, Ordering::Relaxed);
+            self.woken.store(0, Ordering::Relaxed);
+            self.lent.store(false, Ordering::Relaxed);
+        });
+        drop(ended);
     }
 
     /// Ends the running reconcile (it is no longer in flight for any reader), and
     /// returns its state as it was: whether the monitor had reported it hung.
     #[inline]
     pub(crate) fn end(&self) -> State {
-        let running = State(self.state.load(Ordering::Relaxed));
-        // A swap, not a store: the monitor may mark it hung, or the watchdog ask it to
-        // stop, up to the last moment; whichever comes first, the other sees it.
-        State(self.state.swap(running.ended().0, Ordering::AcqRel))
+        self.state.end()
     }
 
     /// The state word now.
     #[inline]
     pub(crate) fn state(&self) -> State {
-        State(self.state.load(Ordering::Acquire))
+        self.state.load()
     }
 
     /// Marks reconcile `id` reported hung, if it is still running; returns whether it
     /// was (then its end finds the mark).
     pub(crate) fn mark_reported_hung(&self, id: u64) -> bool {
-        self.set_flag(id, State::HUNG)
+        self.state.set_flag(id, State::HUNG)
     }
 
-    /// Sets `flag` in the state of reconcile `id`, if it is still running.
-    fn set_flag(&self, id: u64, flag: u64) -> bool {
-        self.state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
-                let s = State(state);
-                (s.is_active() && s.id() == id).then_some(state | flag)
-            })
-            .is_ok()
+    /// The object of the latest reconcile, for its own thread, which is the only one
+    /// that replaces it: it never waits for a writer, only (briefly) for none.
+    pub(crate) fn object(&self) -> RwLockReadGuard<'_, ObjectKey> {
+        self.object.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The object of the latest reconcile.
-    pub(crate) fn object(&self) -> MutexGuard<'_, ObjectKey> {
-        self.object.lock().unwrap_or_else(|p| p.into_inner())
+    /// The object of the latest reconcile, for a reader on another thread: `None` while
+    /// the entry's thread is replacing it for its next reconcile (a copy that would have
+    /// been dropped anyway), so that a reader never waits for a reconcile's thread.
+    /// Readers share the lock; none keeps another out.
+    fn try_object(&self) -> Option<ObjectKey> {
+        match self.object.try_read() {
+            Ok(object) => Some(object.clone()),
+            Err(TryLockError::Poisoned(object)) => Some(object.into_inner().clone()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Holds the object as the reuse of the entry does, for a test to park a thread
+    /// there.
+    #[cfg(test)]
+    pub(crate) fn hold_object_as_reuse_does(&self) -> std::sync::RwLockWriteGuard<'_, ObjectKey> {
+        self.object.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Lets go of what the ended reconcile left that holds anything else alive: the
@@ -441,7 +392,7 @@ impl Entry {
     /// Asks reconcile `id` to stop at its next poll, and wakes it so that poll comes;
     /// false when it has ended (the entry may hold another reconcile by now).
     pub(crate) fn request_cancel(&self, id: u64) -> bool {
-        if !self.set_flag(id, State::CANCEL) {
+        if !self.state.set_flag(id, State::CANCEL) {
             return false;
         }
         self.waker.wake();
@@ -453,9 +404,16 @@ impl Entry {
         self.lent.store(true, Ordering::Relaxed);
     }
 
-    /// A plain-data copy of the entry registered as `id`, taken alone.
+    /// A plain-data copy of the entry registered as `id`, taken alone by the entry's own
+    /// thread (the only one that replaces its object).
     pub(crate) fn snapshot(self: &Arc<Self>, id: u64) -> InFlight {
-        self.snapshot_at(id, &Clocks::now(), &mut thread::InfoCache::default())
+        let object = self.object().clone();
+        self.copy(
+            id,
+            object,
+            &Clocks::now(),
+            &mut thread::InfoCache::default(),
+        )
     }
 
     /// A copy of reconcile `id`, taken alone, while it runs.
@@ -466,31 +424,23 @@ impl Entry {
 
     /// A copy of the running reconcile, or `None` when the entry is idle, or when its
     /// reconcile ended while it was copied (another may have begun: the copy could mix
-    /// the two).
+    /// the two), or when its thread is replacing the object for the next one (a reader
+    /// never waits for it). A copy dropped here is taken again at the next scan.
     pub(crate) fn snapshot_running(
         self: &Arc<Self>,
         clocks: &Clocks,
         threads: &mut thread::InfoCache,
     ) -> Option<InFlight> {
-        let before = self.state();
-        if !before.is_active() {
-            return None;
-        }
-        let copy = self.snapshot_at(before.id(), clocks, threads);
-        // A seqlock's check. The end changes the state word before a reuse writes any
-        // field, with a fence between (see `reuse`); with this fence, a copy that read
-        // any of the next reconcile's fields reads the state word ended or changed. The
-        // same reconcile still running after the copy: every field read was its own.
-        std::sync::atomic::fence(Ordering::Acquire);
-        let after = State(self.state.load(Ordering::Relaxed));
-        (after.is_active() && after.id() == before.id()).then_some(copy)
+        self.state
+            .read_running(|id| Some(self.copy(id, self.try_object()?, clocks, threads)))
     }
 
     /// A plain-data copy for the monitor and the debug view, one of many taken at
     /// `clocks`, sharing `threads` so that each thread is looked up once per scan.
-    pub(crate) fn snapshot_at(
+    fn copy(
         self: &Arc<Self>,
         id: u64,
+        object: ObjectKey,
         clocks: &Clocks,
         threads: &mut thread::InfoCache,
     ) -> InFlight {
@@ -517,7 +467,7 @@ impl Entry {
             id,
             controller: Arc::clone(&self.controller.name),
             kind: Arc::clone(&self.controller.kind),
-            object: self.object().clone(),
+            object,
             deadline: self.controller.deadline,
             started,
             // Dated on the wall clock here rather than at registration, which saves the
@@ -620,7 +570,11 @@ impl Clocks {
 /// A point-in-time copy of one in-flight reconcile.
 #[derive(Clone, Debug)]
 pub struct InFlight {
-    /// Unique for the life of the registry.
+    /// Names this reconcile in the registry. Unique among the reconciles in flight, and
+    /// for the registry's life until 2^42 entries have been made (a registration makes
+    /// one only when its thread has no idle entry of the controller to reuse): then
+    /// entry keys wrap, passing over those in use, and a new entry's ids may repeat
+    /// those of an entry long gone.
     pub id: u64,
     /// The controller that runs the reconcile.
     pub controller: Arc<str>,
@@ -697,7 +651,10 @@ impl InFlight {
 
 #[cfg(test)]
 mod tests {
-    use super::{KEY_BITS, KEY_MASK, LAST_GENERATION, State, key_of, next_id};
+    //! The state word's steps one at a time (its races: the loom model, `tests/loom.sh`).
+    use super::super::state::{
+        KEY_BITS, KEY_MASK, LAST_GENERATION, State, StateWord, key_of, next_id,
+    };
 
     #[test]
     fn an_entrys_ids_keep_its_key_and_run_out_before_the_state_word_does() {
@@ -710,11 +667,36 @@ mod tests {
         assert_eq!(next_id(last), None, "the last generation has no successor");
         assert_eq!(next_id(last - (1 << KEY_BITS)), Some(last));
         // The last id and every flag fit the word.
-        let state = State(State::active(last).0 | State::HUNG | State::CANCEL);
+        let word = StateWord::new();
+        word.begin(last);
+        assert!(word.set_flag(last, State::HUNG) && word.set_flag(last, State::CANCEL));
+        let state = word.load();
         assert_eq!(state.id(), last);
         assert!(state.is_active() && state.is_hung() && state.is_cancelled());
         let ended = state.ended();
         assert_eq!(ended.id(), last);
         assert!(!ended.is_active() && !ended.is_hung() && !ended.is_cancelled());
+    }
+
+    #[test]
+    fn flags_land_only_on_the_reconcile_they_name() {
+        let word = StateWord::new();
+        word.begin(7);
+        assert!(!word.set_flag(6, State::HUNG), "another reconcile");
+        assert!(word.set_flag(7, State::HUNG));
+        let ended = word.end();
+        assert!(ended.is_hung() && ended.id() == 7);
+        assert!(!word.set_flag(7, State::CANCEL), "ended");
+        let next = ended.next_id().expect("room");
+        word.republish(next, || {});
+        assert!(!word.load().is_hung(), "the flag stayed with its reconcile");
+        assert_eq!(word.read_running(Some), Some(next));
+        assert_eq!(
+            word.read_running(|_| None::<u64>),
+            None,
+            "a copy that gave up"
+        );
+        word.end();
+        assert_eq!(word.read_running(Some), None, "idle");
     }
 }

@@ -14,6 +14,8 @@ mod entry;
 mod fanout;
 mod guarded;
 mod registry;
+mod state;
+mod sync;
 mod thread;
 mod waits;
 

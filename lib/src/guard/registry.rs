@@ -4,7 +4,8 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -236,6 +237,8 @@ pub(crate) struct Controller {
     /// Its reconciles in flight: what a scan counts. The map cannot tell, as it also
     /// holds idle spare entries. Written by every reconcile, so on a line of its own.
     in_flight: OwnLine<AtomicUsize>,
+    /// An observer of its ends has panicked (logged once).
+    observer_panicked: AtomicBool,
 }
 
 impl Controller {
@@ -250,6 +253,7 @@ impl Controller {
         Self {
             observers: [first, second],
             in_flight: OwnLine(AtomicUsize::new(0)),
+            observer_panicked: AtomicBool::new(false),
             registry: registry.clone(),
             name,
             kind,
@@ -479,13 +483,18 @@ impl Registry {
                 let started = entry.started();
                 if started < before {
                     // The verdict reports every reconcile this scan finds overdue as
-                    // hung. Mark it now, before the verdict looks: the mark and the
-                    // reconcile's end are each one step on its state word, so one that
-                    // ends from here on, however soon, queues its end; one that ended
-                    // first is not marked, and not reported. A marked entry is never
-                    // reused, so the copy below is of this reconcile.
-                    if entry.mark_reported_hung(state.id()) {
-                        out.push(entry.snapshot_at(state.id(), &clocks, &mut threads));
+                    // hung. Copy it, then mark it, before the verdict looks. The copy is
+                    // checked as a seqlock's read (and dropped, to be taken at the next
+                    // scan, when the reconcile ends meanwhile or its thread holds the
+                    // object): it never waits for the reconcile's thread. The mark and
+                    // the reconcile's end are each one step on its state word, so one
+                    // that ends from here on, however soon, queues its end; one that
+                    // ended first is not marked, and not reported.
+                    if let Some(copy) = entry.snapshot_running(&clocks, &mut threads)
+                        && copy.id == state.id()
+                        && entry.mark_reported_hung(copy.id)
+                    {
+                        out.push(copy);
                     }
                     continue;
                 }
@@ -587,7 +596,9 @@ impl ControllerHandle {
         // An entry a reconcile of this controller left idle in the map on this thread:
         // no allocation, no insertion.
         if let Some(spare) = SPARES.try_with(|s| s.take(controller)).ok().flatten() {
-            // Held by the map and this thread only: no reader is copying it.
+            // Held by the map and this thread only: no waker, no request, no reader that
+            // cloned it. A scan may still be copying it through the map's reference; its
+            // copy is checked against the state word and dropped (see `StateWord`).
             if Arc::strong_count(&spare) == 2
                 && let Some(id) = spare.next_reconcile()
             {
@@ -740,6 +751,19 @@ fn keep_as_spare(entry: Arc<Entry>) {
     }
 }
 
+/// Logs, once per controller, that an observer of its reconciles' ends panicked (the
+/// guard caught it).
+#[cold]
+#[inline(never)]
+fn observer_panicked(controller: &Controller) {
+    if !controller.observer_panicked.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            controller = %controller.name,
+            "an observer of reconcile ends panicked; the guard caught it and ended the reconcile as usual (logged once per controller)"
+        );
+    }
+}
+
 /// Puts back an idle entry this thread's registration could not use: it stays a spare
 /// while it has ids left, and leaves the map otherwise.
 #[cold]
@@ -809,29 +833,37 @@ impl Drop for Guard {
         // it scans, so it never sees one reconcile both ended and in flight.
         let hung = entry.end().is_hung();
         controller.in_flight.fetch_sub(1, Ordering::Relaxed);
-        // The second is only there with the first.
+        // The second is only there with the first. Observers are the user's code: a
+        // panic in one is caught here, so that the end below is queued and the entry
+        // kept or taken out of the map whatever it does (and a panic while the
+        // reconcile's own panic unwinds does not abort the process).
         if let [Some(first), second] = &controller.observers {
-            let ran = clock::now().saturating_sub(entry.started());
-            let elapsed = Duration::from_nanos(ran);
-            first.finished(outcome(), elapsed);
-            if let Some(second) = second {
-                second.finished(outcome(), elapsed);
-            }
-            if ran > controller.late_after {
-                let object = entry.object().clone();
-                let end = LateEnd {
-                    controller: &controller.name,
-                    kind: &controller.kind,
-                    object: &object,
-                    outcome: outcome(),
-                    elapsed,
-                    deadline: controller.deadline,
-                    reported_hung: hung,
-                };
-                first.ended_late(&end);
+            let told = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let ran = clock::now().saturating_sub(entry.started());
+                let elapsed = Duration::from_nanos(ran);
+                first.finished(outcome(), elapsed);
                 if let Some(second) = second {
-                    second.ended_late(&end);
+                    second.finished(outcome(), elapsed);
                 }
+                if ran > controller.late_after {
+                    let object = entry.object().clone();
+                    let end = LateEnd {
+                        controller: &controller.name,
+                        kind: &controller.kind,
+                        object: &object,
+                        outcome: outcome(),
+                        elapsed,
+                        deadline: controller.deadline,
+                        reported_hung: hung,
+                    };
+                    first.ended_late(&end);
+                    if let Some(second) = second {
+                        second.ended_late(&end);
+                    }
+                }
+            }));
+            if told.is_err() {
+                observer_panicked(controller);
             }
         }
         if hung {
@@ -850,9 +882,11 @@ impl Drop for Guard {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(ended);
         }
-        // Nobody else holds it (no waker clone, no reader, no request still in flight;
-        // the map's reference and this one), and no reader is copying it (it was not
-        // reported hung): it stays in the map, idle, as one of the thread's spares.
+        // Nobody else holds it (no waker clone, no request still in flight, no reader
+        // that cloned it: the map's reference and this one), and it was not reported
+        // hung (the monitor's copies of it stay this reconcile's): it stays in the map,
+        // idle, as one of the thread's spares. A scan may be copying it through the
+        // map's reference; its copy is checked against the state word.
         if !hung && Arc::strong_count(&entry) == 2 {
             // Whatever the last other holder wrote happened before this point.
             std::sync::atomic::fence(Ordering::Acquire);
@@ -900,6 +934,116 @@ mod tests {
         // An on-time reconcile is not marked, and queues nothing.
         on_time.finish(Outcome::Ok);
         assert!(registry.take_ended().is_empty());
+    }
+
+    /// Panics at every end it is told of.
+    struct Panicking;
+
+    impl Observer for Panicking {
+        fn controller(&self, _: &str, _: &str) -> Option<Arc<dyn ControllerObserver>> {
+            Some(Arc::new(Panicking))
+        }
+    }
+
+    impl ControllerObserver for Panicking {
+        fn finished(&self, _: Outcome, _: Duration) {
+            panic!("an observer's bug");
+        }
+    }
+
+    #[test]
+    fn a_panicking_observer_cannot_keep_an_entry_or_its_registry() {
+        let registry = Registry::with_observer(Duration::from_secs(60), Arc::new(Panicking));
+        let shared = Arc::downgrade(&registry.shared);
+        let handle = registry.controller("web", "Widget");
+        let reported = std::thread::scope(|s| {
+            s.spawn(|| {
+                // One reported hung, then one on time (kept as the thread's spare until
+                // the thread exits), then one that panics itself.
+                let hung = handle
+                    .clone()
+                    .with_deadline(Duration::ZERO)
+                    .register(ObjectKey::cluster("hung"));
+                let (mut out, mut counts) = (Vec::new(), Vec::new());
+                registry.scan_into(
+                    Instant::now() + Duration::from_secs(1),
+                    false,
+                    &mut out,
+                    &mut counts,
+                );
+                drop(hung);
+                drop(handle.register(ObjectKey::cluster("on-time")));
+                let panicked = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    let _guard = handle.register(ObjectKey::cluster("panics"));
+                    panic!("the reconcile's own panic");
+                }));
+                assert!(
+                    panicked.is_err(),
+                    "the reconcile's panic goes on, not abort"
+                );
+                out.len()
+            })
+            .join()
+            .expect("the observer's panics were caught")
+        });
+        assert_eq!(reported, 1);
+        let ended = registry.take_ended();
+        assert_eq!(ended.len(), 1, "the hung reconcile's end was queued");
+        assert_eq!(ended[0].reconcile.object.as_str(), "hung");
+        assert!(registry.is_empty());
+        assert_eq!(
+            registry.shared.in_flight.len(),
+            0,
+            "no entry left in the map"
+        );
+        drop((registry, handle));
+        assert!(
+            shared.upgrade().is_none(),
+            "nothing keeps the registry alive"
+        );
+    }
+
+    #[test]
+    fn a_scan_never_waits_for_a_thread_parked_holding_an_entrys_object() {
+        let registry = Registry::new(Duration::ZERO);
+        let handle = registry.controller("web", "Widget");
+        let guard = handle.register(ObjectKey::cluster("overdue"));
+        let entry = Arc::clone(guard.entry());
+        let scan = |registry: Registry| {
+            let (sent, received) = mpsc::channel();
+            std::thread::spawn(move || {
+                let (mut out, mut counts) = (Vec::new(), Vec::new());
+                let now = Instant::now() + Duration::from_secs(1);
+                registry.scan_into(now, true, &mut out, &mut counts);
+                let _ = sent.send(out.iter().map(|r| r.id).collect::<Vec<_>>());
+            });
+            received
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the scan waited for the thread holding the object")
+        };
+
+        // A thread parked where the entry's reuse writes the object: the scan goes on,
+        // and leaves the copy (and the mark) for a later scan.
+        let (park, parked) = mpsc::channel::<()>();
+        let (holding, held) = mpsc::channel();
+        let holder = {
+            let entry = Arc::clone(&entry);
+            std::thread::spawn(move || {
+                let _object = entry.hold_object_as_reuse_does();
+                holding.send(()).expect("the test waits");
+                let _ = parked.recv();
+            })
+        };
+        held.recv().expect("holding");
+        assert_eq!(scan(registry.clone()), Vec::<u64>::new());
+        assert!(registry.take_ended().is_empty());
+        drop(park);
+        holder.join().expect("no panic");
+
+        // Released: the next scan reports it, and marks it.
+        assert_eq!(scan(registry.clone()), vec![guard.id()]);
+        drop(guard);
+        assert_eq!(registry.take_ended().len(), 1);
     }
 
     #[test]
@@ -1135,7 +1279,7 @@ mod tests {
         );
         let reused = registered
             .iter()
-            .filter(|(id, _, _)| *id >> super::super::entry::KEY_BITS > 0)
+            .filter(|(id, _, _)| *id >> super::super::state::KEY_BITS > 0)
             .count();
         assert!(reused > 0, "no entry was reused");
 
