@@ -219,12 +219,12 @@ impl Entry {
     /// finds it changed after and discards what it read ([`StateWord::republish`]).
     #[inline]
     pub(crate) fn reuse(&self, id: u64, object: ObjectKey, started: u64) {
-        // The ended reconcile's object is dropped after the lock is released.
-        let mut ended = None;
         self.state.republish(id, || {
-            let mut current = self.object.write().unwrap_or_else(|p| p.into_inner());
-            ended = Some(std::mem::replace(&mut *current, object));
-            drop(current);
+            // The ended reconcile's object is dropped after the lock is released.
+            let _ended = std::mem::replace(
+                &mut *self.object.write().unwrap_or_else(|p| p.into_inner()),
+                object,
+            );
             self.started.store(started, Ordering::Relaxed);
             self.polls.store(0, Ordering::Relaxed);
             self.poll.store(0, Ordering::Relaxed);
@@ -233,7 +233,6 @@ impl Entry {
             self.woken.store(0, Ordering::Relaxed);
             self.lent.store(false, Ordering::Relaxed);
         });
-        drop(ended);
     }
 
     /// Ends the running reconcile (it is no longer in flight for any reader), and
