@@ -332,6 +332,7 @@ fn duration_or_off(s: &str) -> Result<OrOff<Duration>, String> {
 }
 
 /// A duration greater than zero, or `off`.
+#[cfg(feature = "kube")]
 fn positive_duration_or_off(s: &str) -> Result<OrOff<Duration>, String> {
     or_off(s, positive_duration)
 }
@@ -460,6 +461,7 @@ mod tests {
             Ok(OrOff::On(Duration::from_secs(2)))
         );
         assert!(duration_or_off("never").unwrap_err().contains("or off"));
+        #[cfg(feature = "kube")]
         assert!(positive_duration_or_off("0s").is_err());
     }
 
