@@ -9,13 +9,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::health::Health;
 use reconcile_watchdog::monitor::ApiServerStatus;
 use reconcile_watchdog::plug::{ApiServerReachability, WatchAge, WatchAges};
 use reconcile_watchdog::prometheus_client;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::registry::Registry;
 
 /// An API server check that has found the server answering.
 #[derive(Debug, Default)]
@@ -147,12 +147,18 @@ fn on_an_unprefixed_root_the_shipped_rules_match_as_they_are() {
         .register(&mut registry);
 
     let exposed = exposed(&registry);
-    assert!(exposed.contains("myop_configmaps_synced_total"), "{exposed:?}");
+    assert!(
+        exposed.contains("myop_configmaps_synced_total"),
+        "{exposed:?}"
+    );
     assert!(
         exposed.contains("reconcile_watchdog_reconciles_in_flight"),
         "{exposed:?}"
     );
-    assert_all_exposed(&named(&rules_and_dashboard(), "reconcile_watchdog_"), &exposed);
+    assert_all_exposed(
+        &named(&rules_and_dashboard(), "reconcile_watchdog_"),
+        &exposed,
+    );
 }
 
 #[test]
@@ -166,9 +172,14 @@ fn under_a_prefixed_registry_the_rules_match_after_one_substitution() {
         .register(&mut registry);
 
     let exposed = exposed(&registry);
-    assert!(exposed.contains("myop_configmaps_synced_total"), "{exposed:?}");
     assert!(
-        !exposed.iter().any(|name| name.starts_with("reconcile_watchdog_")),
+        exposed.contains("myop_configmaps_synced_total"),
+        "{exposed:?}"
+    );
+    assert!(
+        !exposed
+            .iter()
+            .any(|name| name.starts_with("reconcile_watchdog_")),
         "{exposed:?}"
     );
     // The change docs/embedding.md gives:

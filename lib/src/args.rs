@@ -158,17 +158,18 @@ impl WatchdogArgs {
     #[must_use]
     pub fn builder(&self) -> Builder {
         let flags = &self.0;
-        let deadlines = flags
-            .reconcile_deadline_for
-            .iter()
-            .fold(Deadlines::new(flags.reconcile_deadline), |d, (name, dur)| {
-                d.with(name.clone(), *dur)
-            });
+        let deadlines = flags.reconcile_deadline_for.iter().fold(
+            Deadlines::new(flags.reconcile_deadline),
+            |d, (name, dur)| d.with(name.clone(), *dur),
+        );
         let builder = Watchdog::builder()
             .deadlines(deadlines)
             .interval(flags.watchdog_interval)
             .on_hang(flags.on_hang.into())
-            .cancel_limit(flags.cancel_escalation_count, flags.cancel_escalation_window)
+            .cancel_limit(
+                flags.cancel_escalation_count,
+                flags.cancel_escalation_window,
+            )
             .runtime_stall_threshold(flags.runtime_stall_threshold)
             .probe_address(flags.health_probe_bind_address)
             .debug_address(flags.debug_bind_address.on())
@@ -337,10 +338,7 @@ fn positive_duration_or_off(s: &str) -> Result<OrOff<Duration>, String> {
     or_off(s, positive_duration)
 }
 
-fn or_off(
-    s: &str,
-    parse: fn(&str) -> Result<Duration, String>,
-) -> Result<OrOff<Duration>, String> {
+fn or_off(s: &str, parse: fn(&str) -> Result<Duration, String>) -> Result<OrOff<Duration>, String> {
     if s.trim() == "off" {
         return Ok(OrOff::Off);
     }
@@ -439,7 +437,11 @@ mod tests {
             address_or_off("0.0.0.0:0"),
             Ok(OrOff::On("0.0.0.0:0".parse().unwrap()))
         );
-        assert!(address_or_off("nope").unwrap_err().contains("or 0 to disable"));
+        assert!(
+            address_or_off("nope")
+                .unwrap_err()
+                .contains("or 0 to disable")
+        );
     }
 
     #[test]
@@ -456,10 +458,7 @@ mod tests {
                 .contains("expected a duration")
         );
         assert_eq!(duration_or_off("off"), Ok(OrOff::Off));
-        assert_eq!(
-            duration_or_off("2s"),
-            Ok(OrOff::On(Duration::from_secs(2)))
-        );
+        assert_eq!(duration_or_off("2s"), Ok(OrOff::On(Duration::from_secs(2))));
         assert!(duration_or_off("never").unwrap_err().contains("or off"));
         #[cfg(feature = "kube")]
         assert!(positive_duration_or_off("0s").is_err());
@@ -518,7 +517,12 @@ mod tests {
 
     #[test]
     fn flags_that_cannot_work_together_exit_2_naming_both() {
-        let error = refused(&["--runtime-stall-threshold", "100ms", "--watchdog-interval", "500ms"]);
+        let error = refused(&[
+            "--runtime-stall-threshold",
+            "100ms",
+            "--watchdog-interval",
+            "500ms",
+        ]);
         assert!(
             error.contains("--runtime-stall-threshold 100ms")
                 && error.contains("--watchdog-interval 500ms")
@@ -526,8 +530,19 @@ mod tests {
             "{error}"
         );
         let error = refused(&["--watchdog-interval", "1ns"]);
-        assert!(error.contains("--watchdog-interval 1ns is too short"), "{error}");
-        assert!(parse(&["--watchdog-interval", "2ms", "--runtime-stall-threshold", "3s"]).is_ok());
+        assert!(
+            error.contains("--watchdog-interval 1ns is too short"),
+            "{error}"
+        );
+        assert!(
+            parse(&[
+                "--watchdog-interval",
+                "2ms",
+                "--runtime-stall-threshold",
+                "3s"
+            ])
+            .is_ok()
+        );
 
         let error = refused(&["--reconcile-deadline-for", "fast=1500ms"]);
         assert!(

@@ -108,11 +108,7 @@ pub fn main() -> ExitCode {
                 Some(d) => drop(signals.recv_timeout(d)),
                 None => drop(signals.recv()),
             };
-            report(demo::run(
-                args.watchdog.builder(),
-                &options,
-                wait,
-            ))
+            report(demo::run(args.watchdog.builder(), &options, wait))
         }
         Command::Run(args) => run::main(args),
         Command::Crd => run::crd(),
