@@ -365,9 +365,8 @@ impl Watchdog {
     /// A builder that starts the monitor thread alone: no probe, metrics or debug
     /// server, no runtime heartbeat, API server check, watch ages or Events unless you
     /// ask for them. Its deadline (5 minutes), interval (1 second), policy (restart),
-    /// thresholds and report budget are the defaults of the flags
-    /// ([`WatchdogArgs`](crate::args::WatchdogArgs), feature `clap`, builds a builder
-    /// from them and also sets the addresses).
+    /// thresholds and report budget are the defaults of the flags (`WatchdogArgs`,
+    /// feature `clap`, makes a builder from the flags, the addresses included).
     #[must_use]
     pub fn builder() -> Builder {
         Builder {
