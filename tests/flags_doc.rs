@@ -85,8 +85,8 @@ fn flags_in_help(subcommand: &str) -> Flags {
             let env = bracketed(&block, "env")
                 .map(|e| e.trim_end_matches('=').to_owned())
                 .unwrap_or_else(|| panic!("{subcommand} {name} has no environment variable"));
-            let default = bracketed(&block, "default")
-                .map_or_else(|| "—".to_owned(), str::to_owned);
+            let default =
+                bracketed(&block, "default").map_or_else(|| "—".to_owned(), str::to_owned);
             (name, (env, default))
         })
         .collect()
