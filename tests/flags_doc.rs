@@ -50,20 +50,6 @@ fn bracketed<'a>(block: &'a str, key: &str) -> Option<&'a str> {
     Some(&block[start..start + len])
 }
 
-/// A default as `--help` gives it for `subcommand`. clap's own `[default: X]`, or the
-/// form `[default: 5m; demo: 3s]` of flags whose default differs per subcommand: the
-/// entry prefixed `SUBCOMMAND: ` when there is one, else the unprefixed one.
-fn default_for(raw: &str, subcommand: &str) -> String {
-    let entries: Vec<&str> = raw.split("; ").collect();
-    let prefix = format!("{subcommand}: ");
-    entries
-        .iter()
-        .find_map(|e| e.strip_prefix(&prefix))
-        .or_else(|| entries.iter().copied().find(|e| !e.contains(": ")))
-        .unwrap_or_else(|| panic!("no default for {subcommand} in {raw:?}"))
-        .to_owned()
-}
-
 /// The flags of `reconcile-watchdog SUBCOMMAND --help`, but `--help` and `--version`.
 fn flags_in_help(subcommand: &str) -> Flags {
     let text = help(&[subcommand, "--help"]);
@@ -99,8 +85,8 @@ fn flags_in_help(subcommand: &str) -> Flags {
             let env = bracketed(&block, "env")
                 .map(|e| e.trim_end_matches('=').to_owned())
                 .unwrap_or_else(|| panic!("{subcommand} {name} has no environment variable"));
-            let default = bracketed(&block, "default")
-                .map_or_else(|| "—".to_owned(), |raw| default_for(raw, subcommand));
+            let default =
+                bracketed(&block, "default").map_or_else(|| "—".to_owned(), str::to_owned);
             (name, (env, default))
         })
         .collect()
@@ -159,27 +145,4 @@ fn flags_md_matches_help_for_every_subcommand() {
             );
         }
     }
-}
-
-#[test]
-fn help_parsing_reads_defaults_per_subcommand() {
-    assert_eq!(default_for("5m; demo: 3s", "demo"), "3s");
-    assert_eq!(default_for("5m; demo: 3s", "run"), "5m");
-    assert_eq!(default_for("0.0.0.0:8081", "demo"), "0.0.0.0:8081");
-    let demo = flags_in_help("demo");
-    assert_eq!(
-        demo.get("--on-hang"),
-        Some(&(
-            "RECONCILE_WATCHDOG_ON_HANG".to_owned(),
-            "restart".to_owned()
-        ))
-    );
-    assert_eq!(
-        demo.get("--hang-for"),
-        Some(&(
-            "RECONCILE_WATCHDOG_DEMO_HANG_FOR".to_owned(),
-            "—".to_owned()
-        ))
-    );
-    assert!(!demo.contains_key("--help"));
 }

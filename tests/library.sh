@@ -50,6 +50,7 @@ done <<'EOF'
 --no-default-features --features kube
 --no-default-features --features metrics
 --no-default-features --features stack-capture
+--no-default-features --features clap
 
 --all-features
 EOF

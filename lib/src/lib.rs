@@ -24,6 +24,8 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, rust_2018_idioms, unreachable_pub, clippy::all)]
 
+#[cfg(feature = "clap")]
+pub mod args;
 pub mod deadlines;
 pub mod guard;
 pub mod health;
@@ -39,7 +41,13 @@ pub mod shutdown;
 pub mod stack;
 pub mod watchdog;
 
+#[cfg(feature = "clap")]
+pub use args::WatchdogArgs;
 pub use label::label;
+/// The prometheus-client the [`metrics`] are made with: register them into a registry
+/// of this version (`reconcile_watchdog::prometheus_client::registry::Registry`).
+#[cfg(feature = "metrics")]
+pub use prometheus_client;
 pub use watchdog::{Builder, Watchdog};
 
 /// The README's examples compile and run as doc tests.

@@ -406,7 +406,11 @@ impl Metrics {
     /// Registers every metric of the watchdog into `registry` too, under the
     /// `reconcile_watchdog` prefix (after the registry's own), so that an operator that
     /// already serves a prometheus-client registry serves these from it. The series are
-    /// shared: both expositions show the same values.
+    /// shared: both expositions show the same values. Call it at any point before you
+    /// share the registry, on the registry of the version the crate re-exports
+    /// ([`crate::prometheus_client`]). On an unprefixed root, the names are those the
+    /// shipped alerts and dashboard query; under a prefix `myop`, they are
+    /// `myop_reconcile_watchdog_*` (`docs/embedding.md` has the rules' one-line change).
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
         self.register_all(registry.sub_registry_with_prefix(PREFIX));
     }

@@ -1,7 +1,7 @@
 //! The seams that the kube integration plugs into: the core knows no Kubernetes, only
 //! these three traits.
 //!
-//! A [`Watchdog`](crate::Watchdog) takes an [`ApiServerCheck`] (so that an API outage
+//! A [`Watchdog`](crate::Watchdog) takes an [`ApiServerReachability`] (so that an API outage
 //! fails readiness, not liveness), [`WatchAges`] (so that a silent watch fails
 //! readiness and shows in the metrics) and [`HangReports`] (so that what the log says
 //! of a hung reconcile also reaches where its users look) from its
@@ -18,10 +18,10 @@ use crate::health::Health;
 use crate::monitor::verdict::{Action, Event};
 use crate::monitor::{ApiServerStatus, HangState, Observer, Scan};
 
-/// Checks whether the API server answers at all and records each answer into its
+/// Knows whether the API server answers at all: records each answer into its
 /// [`ApiServerStatus`], which the monitor, the `api-server` readiness check and the
 /// metrics read.
-pub trait ApiServerCheck: Send + Sync + fmt::Debug + 'static {
+pub trait ApiServerReachability: Send + Sync + fmt::Debug + 'static {
     /// The status it records into.
     fn status(&self) -> Arc<ApiServerStatus>;
 

@@ -11,7 +11,7 @@ use crate::health::{FnCheck, Health};
 #[cfg(feature = "metrics")]
 use crate::metrics::Metrics;
 use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
-use crate::plug::{ApiServerCheck, HangReports, ReportsObserver, WatchAges};
+use crate::plug::{ApiServerReachability, HangReports, ReportsObserver, WatchAges};
 use crate::probes::{self, DebugViews, HttpServer, Probes};
 
 /// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
@@ -55,7 +55,7 @@ pub struct Builder {
     collect_metrics: bool,
     runtime: Option<tokio::runtime::Handle>,
     diagnostics: monitor::Diagnostics,
-    api_server: Option<Arc<dyn ApiServerCheck>>,
+    api_server: Option<Arc<dyn ApiServerReachability>>,
     watches: Option<Arc<dyn WatchAges>>,
     hang_reports: Option<Arc<dyn HangReports>>,
     debug_address: Option<SocketAddr>,
@@ -184,7 +184,7 @@ impl Builder {
     /// failing it (an outage is not cured by a restart). Without one, every overdue
     /// reconcile is judged alone.
     #[must_use]
-    pub fn api_server(mut self, check: Arc<dyn ApiServerCheck>) -> Self {
+    pub fn api_server(mut self, check: Arc<dyn ApiServerReachability>) -> Self {
         self.api_server = Some(check);
         self
     }
@@ -346,7 +346,7 @@ impl Builder {
 pub struct Watchdog {
     /// What was plugged in lives as long as the watchdog: the API server check's thread
     /// stops when its last owner drops it.
-    _api_server: Option<Arc<dyn ApiServerCheck>>,
+    _api_server: Option<Arc<dyn ApiServerReachability>>,
     _watches: Option<Arc<dyn WatchAges>>,
     _hang_reports: Option<Arc<dyn HangReports>>,
     advisor: Arc<Advisor>,
@@ -362,7 +362,11 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
-    /// A builder with the defaults of the `run` subcommand.
+    /// A builder that starts the monitor thread alone: no probe, metrics or debug
+    /// server, no runtime heartbeat, API server check, watch ages or Events unless you
+    /// ask for them. Its deadline (5 minutes), interval (1 second), policy (restart),
+    /// thresholds and report budget are the defaults of the flags (`WatchdogArgs`,
+    /// feature `clap`, makes a builder from the flags, the addresses included).
     #[must_use]
     pub fn builder() -> Builder {
         Builder {
@@ -415,10 +419,17 @@ impl Watchdog {
     }
 
     /// The metrics, when a metrics address was given or
-    /// [`collect_metrics`](Builder::collect_metrics) asked for them.
+    /// [`collect_metrics`](Builder::collect_metrics) asked for them: register them into
+    /// your own registry with [`Metrics::register`].
     #[cfg(feature = "metrics")]
     #[must_use]
-    pub fn metrics(&self) -> Option<&Arc<Metrics>> {
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_deref()
+    }
+
+    /// The metrics, shared (leader election keeps them).
+    #[cfg(feature = "kube")]
+    pub(crate) fn shared_metrics(&self) -> Option<&Arc<Metrics>> {
         self.metrics.as_ref()
     }
 

@@ -9,10 +9,10 @@ pub mod run;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::demo::{self, DemoOptions, HangKind};
-use flags::{Defaults, WatchdogArgs};
+use flags::{ProcessArgs, WatchdogArgs};
 
 /// Truthful liveness and readiness probes for kube-rs operators.
 #[derive(Parser, Debug)]
@@ -45,6 +45,10 @@ pub struct DemoArgs {
     #[allow(missing_docs)] // flattened: each flag has its own doc
     #[command(flatten)]
     pub watchdog: WatchdogArgs,
+
+    #[allow(missing_docs)] // flattened: each flag has its own doc
+    #[command(flatten)]
+    pub process: ProcessArgs,
 
     /// When the hanging reconcile starts
     #[arg(long, env = "RECONCILE_WATCHDOG_DEMO_HANG_AFTER", value_name = "DURATION", default_value = "5s", value_parser = flags::duration)]
@@ -82,21 +86,11 @@ pub struct DemoArgs {
 
 /// Parses the arguments (exit status 2 on bad input, from clap) and runs the command.
 pub fn main() -> ExitCode {
+    // Flags that do not parse, or cannot work together: exit 2, from clap.
     let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
-    // Flags that parse alone but cannot work together: exit 2, as clap does.
-    let checked = match &cli.command {
-        Command::Demo(args) => args.watchdog.check(Defaults::DEMO),
-        Command::Run(args) => args.watchdog.check(Defaults::RUN),
-        Command::Crd | Command::Deadlines(_) => Ok(()),
-    };
-    if let Err(message) = checked {
-        Cli::command()
-            .error(clap::error::ErrorKind::ArgumentConflict, message)
-            .exit();
-    }
     match cli.command {
         Command::Demo(args) => {
-            logging::init(args.watchdog.log_format);
+            logging::init(args.process.log_format);
             let options = DemoOptions {
                 hang_after: args.hang_after,
                 hang_kind: args.hang_kind,
@@ -114,11 +108,7 @@ pub fn main() -> ExitCode {
                 Some(d) => drop(signals.recv_timeout(d)),
                 None => drop(signals.recv()),
             };
-            report(demo::run(
-                args.watchdog.builder(Defaults::DEMO),
-                &options,
-                wait,
-            ))
+            report(demo::run(args.watchdog.builder(), &options, wait))
         }
         Command::Run(args) => run::main(args),
         Command::Crd => run::crd(),
@@ -126,15 +116,26 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Parses `args` as clap does, except that a value that is not UTF-8 is refused
-/// naming its flag (clap names none).
+/// The command line: [`Cli`]'s, with `demo`'s own defaults for the watchdog's flags.
+#[must_use]
+pub fn command() -> clap::Command {
+    Cli::command().mut_subcommand("demo", flags::with_demo_defaults)
+}
+
+/// Parses `args` as clap does, with [`command`]'s defaults, except that a value that is
+/// not UTF-8 is refused naming its flag (clap names none).
 pub fn parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString>,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    Cli::try_parse_from(&args).map_err(|error| {
+    let parsed = command()
+        .try_get_matches_from(&args)
+        .and_then(|mut matches| {
+            Cli::from_arg_matches_mut(&mut matches).map_err(|error| error.format(&mut command()))
+        });
+    parsed.map_err(|error| {
         if error.kind() != clap::error::ErrorKind::InvalidUtf8 {
             return error;
         }
@@ -143,7 +144,7 @@ where
                 clap::error::ErrorKind::InvalidUtf8,
                 format!("invalid UTF-8 in the value of '{flag}'\n"),
             )
-            .with_cmd(&<Cli as clap::CommandFactory>::command()),
+            .with_cmd(&command()),
             None => error,
         }
     })

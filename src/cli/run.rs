@@ -5,11 +5,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::CommandFactory;
 use tokio_util::sync::CancellationToken;
 
 use super::error_chain;
-use super::flags::{Defaults, WatchdogArgs};
+use super::flags::{ProcessArgs, WatchdogArgs};
 use super::logging;
 use crate::operator::{self, Context};
 use reconcile_watchdog::kube::events::HangEvents;
@@ -24,6 +23,10 @@ pub struct RunArgs {
     #[allow(missing_docs)] // flattened: each flag has its own doc
     #[command(flatten)]
     pub watchdog: WatchdogArgs,
+
+    #[allow(missing_docs)] // flattened: each flag has its own doc
+    #[command(flatten)]
+    pub process: ProcessArgs,
 
     /// Honour the watchdog.example.com/fault annotation (hang, block, panic, sleep=DURATION), to fire-drill the probes
     #[arg(long, env = "RECONCILE_WATCHDOG_ENABLE_FAULT_INJECTION")]
@@ -176,14 +179,14 @@ pub fn main(args: RunArgs) -> ExitCode {
         .leader_election
         .config()
         .unwrap_or_else(|(flag, message)| {
-            super::Cli::command()
+            super::command()
                 .error(
                     clap::error::ErrorKind::ArgumentConflict,
                     format!("invalid value for '{flag}': {message}"),
                 )
                 .exit()
         });
-    logging::init(args.watchdog.log_format);
+    logging::init(args.process.log_format);
     match run(&args, election) {
         Ok(code) => code,
         Err(error) => {
@@ -219,14 +222,17 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         .map_err(Error::Runtime)?;
     // The kube integration plugs into the watchdog: the API server check, the
     // watches' ages and the hang Events.
-    let api_server = args.watchdog.api_server_check().map(ApiServerCheck::every);
-    let watches = Watches::new(args.watchdog.watch_stall());
+    let api_server = args
+        .watchdog
+        .api_server_check_interval()
+        .map(ApiServerCheck::every);
+    let watches = Watches::new(args.watchdog.watch_stall_threshold());
     let hang_events = args
         .hang_events
         .then(|| HangEvents::new(HangEvents::instance_from_env()));
     let mut builder = args
         .watchdog
-        .builder(Defaults::RUN)
+        .builder()
         .watch_runtime(runtime.handle().clone())
         .watches(watches.clone());
     if let Some(api_server) = &api_server {
@@ -313,7 +319,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         stopped.send(started.await);
     });
 
-    let code = match supervisor.wait(&watchdog, &shutdown, args.watchdog.shutdown_grace) {
+    let code = match supervisor.wait(&watchdog, &shutdown, args.process.shutdown_grace) {
         Ending::Stopped(result) | Ending::Drained { result, .. } => {
             result.map(|()| ExitCode::SUCCESS)
         }

@@ -95,7 +95,7 @@ impl ApiServerCheck {
     }
 }
 
-impl crate::plug::ApiServerCheck for ApiServerCheck {
+impl crate::plug::ApiServerReachability for ApiServerCheck {
     fn status(&self) -> Arc<ApiServerStatus> {
         Arc::clone(&self.status)
     }

@@ -31,4 +31,4 @@ pub mod watches;
 pub use apiserver::ApiServerCheck;
 pub use controllers::{Controllers, INFORMER_SYNC};
 pub(crate) use log::error_chain;
-pub use reconciler::{GuardedReconcile, guarded, object_key};
+pub use reconciler::{GuardedReconcile, controller_handle, guarded, object_key};

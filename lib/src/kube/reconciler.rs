@@ -8,7 +8,7 @@ use ::kube::runtime::controller::Action;
 use ::kube::{Resource, ResourceExt};
 use futures::FutureExt;
 
-use crate::guard::{self, ControllerHandle, Guarded, ObjectKey};
+use crate::guard::{self, ControllerHandle, Guarded, ObjectKey, Registry};
 
 /// The future of one guarded reconcile: the user's reconcile under its guard, with a
 /// panic or a cancellation by the watchdog turned into the user's error type.
@@ -66,6 +66,27 @@ fn into_user_error<E: From<guard::Error>>(
     result.unwrap_or_else(|error| Err(E::from(error)))
 }
 
+/// The handle of controller `name` in `registry`, its objects called by `K`'s kind (as
+/// [`Controllers::add`](super::Controllers::add) calls them): what [`guarded`] takes.
+/// For a kind known only at run time, name it yourself:
+/// `registry.controller(name, &api_resource.kind)`.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use reconcile_watchdog::guard::Registry;
+///
+/// let registry = Registry::new(std::time::Duration::from_secs(300));
+/// let handle = reconcile_watchdog::kube::controller_handle::<ConfigMap>(&registry, "configmaps");
+/// assert!(format!("{handle:?}").contains(r#"kind: "ConfigMap""#));
+/// ```
+pub fn controller_handle<K>(registry: &Registry, name: &str) -> ControllerHandle
+where
+    K: Resource,
+    K::DynamicType: Default,
+{
+    registry.controller(name, &K::kind(&K::DynamicType::default()))
+}
+
 /// The guard's key of a Kubernetes object: `namespace/name`, or `name` when
 /// cluster-scoped.
 pub fn object_key<K: Resource>(object: &K) -> ObjectKey {
@@ -80,7 +101,6 @@ mod tests {
     use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 
     use super::*;
-    use crate::guard::Registry;
 
     #[derive(Debug, thiserror::Error)]
     enum TestError {

@@ -210,7 +210,7 @@ impl LeaderElection {
         Self::with_parts(
             watchdog.registry(),
             watchdog.health(),
-            watchdog.metrics().cloned(),
+            watchdog.shared_metrics().cloned(),
             config,
         )
     }
