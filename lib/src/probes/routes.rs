@@ -99,7 +99,6 @@ impl Probes {
         let route = all.or(one).unify();
         let probes = self.clone();
         let answer = route
-            .clone()
             .and(get_or_head())
             .and(raw_query())
             .and(warp::ext::optional::<Peer>())
