@@ -6,6 +6,9 @@
 //! `cargo bench --bench http_surface -- soak 30m`: 10,000 reconciles/s with hangs,
 //! cancellations and panics, probes, metrics and debug views scraped throughout;
 //! resident memory, descriptors and threads sampled every 10 seconds.
+//! `cargo bench --bench http_surface -- probe-load`: `/healthz` at 2,000 requests a
+//! second beside 10,000 guarded reconciles a second, and a server answering `ok` (the
+//! load program's probe figure, alone).
 //! `cargo test --all-targets` runs both once at toy sizes and asserts only that they
 //! work; the soak is not part of CI.
 
@@ -16,6 +19,8 @@ mod http;
 #[path = "../load/memory.rs"]
 #[allow(dead_code)]
 mod memory;
+#[path = "../load/probe_load.rs"]
+mod probe_load;
 mod soak;
 #[path = "../support/mod.rs"]
 #[allow(dead_code)]
@@ -41,6 +46,7 @@ fn main() {
                 .expect("usage: soak DURATION (e.g. 30m)");
             soak::run(&soak::Plan::full(duration)).print();
         }
+        Some("probe-load") => probe_load(),
         Some("probes") | None if full => probes(true),
         // `cargo test --all-targets`: everything once, small and short.
         _ => {
@@ -63,6 +69,29 @@ fn probes(full: bool) {
         flood::Plan::quick()
     });
     println!("{}", flood.render());
+}
+
+/// The load program's probe figure alone: `/healthz` of the real probe server and of a
+/// server answering `ok`, in alternating turns, beside 10,000 guarded reconciles a second.
+fn probe_load() {
+    let run = probe_load::run(&probe_load::Plan {
+        requests_per_sec: 2_000,
+        connections: 2,
+        reconciles_per_sec: 10_000,
+        turn: Duration::from_secs(5),
+        turns: 3,
+    });
+    for (name, mut samples) in [("/healthz", run.probe), ("server answering ok", run.bare)] {
+        let mut us = |p| quantile(&mut samples.latencies, p).as_secs_f64() * 1e6;
+        let (p50, p99) = (us(0.5), us(0.99));
+        println!(
+            "{name}: p50 {p50:.1} µs, p99 {p99:.1} µs ({} requests, {} not 200, {} sent late)",
+            samples.latencies.len(),
+            samples.not_ok,
+            samples.late
+        );
+    }
+    println!("reconciles completed: {:.0}/s", run.reconciles_per_sec);
 }
 
 /// `p50 / p99 / max` of `samples`, in milliseconds.

@@ -9,6 +9,8 @@ use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::ObjectKey;
 use reconcile_watchdog::probes::HttpServer;
 
+use warp::Filter;
+
 use crate::http::{Samples, constant_rate};
 
 /// The load to apply.
@@ -54,7 +56,7 @@ pub fn run(plan: &Plan) -> ProbeLoad {
     let bare = HttpServer::spawn(
         "bare-server",
         ([127, 0, 0, 1], 0).into(),
-        Arc::new(|_| Response::new("ok".to_owned())),
+        warp::any().map(|| Response::new("ok".to_owned())),
     )
     .expect("the reference server starts");
 

@@ -27,6 +27,7 @@
 //! ```
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
@@ -39,12 +40,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Unit;
+use warp::Filter;
 use warp::http::{Method, Response, header};
 
 use crate::guard::{self, Outcome};
 use crate::health::Health;
 use crate::monitor::{self, ApiServerStatus, HangState, Scan, verdict::Event};
-use crate::probes::routes::{method_not_allowed, not_found};
+use crate::probes::routes::{get_or_head, no_trailing_slash, with_fallbacks};
 
 /// The prefix of every metric name.
 pub const PREFIX: &str = "reconcile_watchdog";
@@ -519,23 +521,13 @@ impl Metrics {
     /// other methods.
     #[must_use]
     pub fn respond(&self, method: &Method, path: &str) -> Response<String> {
-        if path != "/metrics" {
-            return not_found();
-        }
-        if method != Method::GET && method != Method::HEAD {
-            return method_not_allowed();
-        }
-        let body = if method == Method::HEAD {
-            String::new()
-        } else {
-            self.encode()
+        let request = crate::probes::Request {
+            method,
+            path,
+            query: "",
+            peer: ([127, 0, 0, 1], 0).into(),
         };
-        let mut response = Response::new(body);
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static(CONTENT_TYPE),
-        );
-        response
+        crate::probes::server::answer(routes(|| self.encode()), &request)
     }
 
     /// Creates the series of `controller` up front, so that they read 0 before its
@@ -818,6 +810,34 @@ impl Collector for StuckStackCaptures {
         )?;
         metric.encode(family)
     }
+}
+
+/// The metrics server's routes: `GET|HEAD /metrics`, the exposition made by `encode`
+/// (not made for HEAD); 405 for other methods there, 404 everywhere else.
+pub(crate) fn routes<E>(
+    encode: E,
+) -> impl Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync
+where
+    E: Fn() -> String + Clone + Send + Sync,
+{
+    let path = warp::path!("metrics").and(no_trailing_slash());
+    let exposition = path
+        .and(get_or_head())
+        .and(warp::method())
+        .map(move |method: Method| {
+            let body = if method == Method::HEAD {
+                String::new()
+            } else {
+                encode()
+            };
+            let mut response = Response::new(body);
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(CONTENT_TYPE),
+            );
+            response
+        });
+    with_fallbacks(exposition, path)
 }
 
 #[cfg(test)]

@@ -286,11 +286,7 @@ impl Builder {
             .map(|addr| {
                 let probes = Probes::new(Arc::clone(&health))
                     .reasons_to_all_peers(self.reasons_to_all_peers);
-                HttpServer::spawn(
-                    "probe-server",
-                    addr,
-                    Arc::new(move |request| probes.respond(request)),
-                )
+                HttpServer::spawn("probe-server", addr, probes.routes())
             })
             .transpose()
             .map_err(Error::Probes)?;
@@ -298,9 +294,8 @@ impl Builder {
         let metrics_server = match (&metrics, self.metrics_address) {
             (Some(metrics), Some(addr)) => {
                 let metrics = Arc::clone(metrics);
-                let handler: probes::Handler =
-                    Arc::new(move |request| metrics.respond(request.method, request.path));
-                Some(HttpServer::spawn("metrics-server", addr, handler).map_err(Error::Metrics)?)
+                let routes = crate::metrics::routes(move || metrics.encode());
+                Some(HttpServer::spawn("metrics-server", addr, routes).map_err(Error::Metrics)?)
             }
             _ => None,
         };
@@ -308,11 +303,7 @@ impl Builder {
             .debug_address
             .map(|addr| {
                 let views = DebugViews::new(registry.clone()).with_advisor(Arc::clone(&advisor));
-                HttpServer::spawn(
-                    "debug-server",
-                    addr,
-                    Arc::new(move |request| views.respond(request)),
-                )
+                HttpServer::spawn("debug-server", addr, views.routes())
             })
             .transpose()
             .map_err(Error::Debug)?;

@@ -1,14 +1,16 @@
 //! The debug views (`/debug/reconciles`), served on their own address (loopback by
 //! default) and their own thread, so that a heavy view never delays a probe.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
-use warp::http::{Method, Response, StatusCode, header};
+use warp::Filter;
+use warp::http::{Response, StatusCode, header};
 
-use super::routes::{head_without_body, method_not_allowed, not_found, text};
-use super::server::Request;
+use super::routes::{get_or_head, no_trailing_slash, raw_query, text, with_fallbacks};
+use super::server::{Request, answer};
 use crate::deadlines::{self, Advisor};
 use crate::guard::{InFlight, PollState, Registry};
 
@@ -42,30 +44,45 @@ impl DebugViews {
         self
     }
 
-    /// The response to `request`: `GET|HEAD /debug/reconciles`, 404 elsewhere, 405
-    /// for other methods. Never panics.
+    /// The response the debug server gives `request` (its routes, without a socket).
+    /// Never panics.
     #[must_use]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
-        head_without_body(request, self.respond_get(request))
+        answer(self.routes(), request)
     }
 
-    fn respond_get(&self, request: &Request<'_>) -> Response<String> {
-        if let ("/debug/deadlines", Some(advisor)) = (request.path, &self.advisor) {
-            if request.method != Method::GET && request.method != Method::HEAD {
-                return method_not_allowed();
-            }
-            return deadlines::view::respond(advisor, &self.registry);
-        }
-        if request.path != "/debug/reconciles" {
-            return not_found();
-        }
-        if request.method != Method::GET && request.method != Method::HEAD {
-            return method_not_allowed();
-        }
-        match row_limit(request.query) {
-            Ok(limit) => self.reconciles(limit),
-            Err(message) => text(StatusCode::BAD_REQUEST, message),
-        }
+    /// The debug server's routes: `GET|HEAD /debug/reconciles` (`?limit=N`) and, with an
+    /// advisor, `/debug/deadlines`; 405 for other methods there, 404 everywhere else.
+    pub(crate) fn routes(
+        &self,
+    ) -> impl Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync + 'static
+    {
+        let reconciles_path = warp::path!("debug" / "reconciles").and(no_trailing_slash());
+        let views = self.clone();
+        let reconciles =
+            reconciles_path
+                .and(get_or_head())
+                .and(raw_query())
+                .map(move |query: String| match row_limit(&query) {
+                    Ok(limit) => views.reconciles(limit),
+                    Err(message) => text(StatusCode::BAD_REQUEST, message),
+                });
+        // Only with an advisor: without one the path is unknown (404).
+        let advisor = self.advisor.clone();
+        let deadlines_path = warp::path!("debug" / "deadlines")
+            .and(no_trailing_slash())
+            .and_then(move || {
+                std::future::ready(advisor.clone().ok_or_else(warp::reject::not_found))
+            });
+        let registry = self.registry.clone();
+        let deadlines = deadlines_path
+            .clone()
+            .and(get_or_head())
+            .map(move |advisor: Arc<Advisor>| deadlines::view::respond(&advisor, &registry));
+        let paths = reconciles_path
+            .or(deadlines_path.map(|_| ()).untuple_one())
+            .unify();
+        with_fallbacks(reconciles.or(deadlines).unify(), paths)
     }
 
     fn reconciles(&self, limit: usize) -> Response<String> {
@@ -191,6 +208,8 @@ mod tests {
     use std::net::SocketAddr;
     use std::time::Duration;
 
+    use warp::http::Method;
+
     use super::*;
     use crate::guard::ObjectKey;
 
@@ -238,7 +257,14 @@ mod tests {
     #[test]
     fn other_paths_methods_and_bad_limits() {
         let views = DebugViews::new(Registry::new(Duration::from_secs(1)));
-        for path in ["/healthz", "/debug", "/debug/reconciles/x", ""] {
+        for path in [
+            "/healthz",
+            "/debug",
+            "/debug/reconciles/x",
+            "/debug/reconciles/",
+            "/debug/deadlines",
+            "",
+        ] {
             let r = views.respond(&request(&Method::GET, path, ""));
             assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
         }
@@ -249,5 +275,17 @@ mod tests {
         let r = views.respond(&request(&Method::HEAD, "/debug/reconciles", ""));
         assert_eq!(r.status(), StatusCode::OK);
         assert!(r.body().is_empty());
+    }
+
+    #[test]
+    fn deadlines_only_with_an_advisor() {
+        let views =
+            DebugViews::new(Registry::new(Duration::from_secs(1))).with_advisor(Advisor::new());
+        let r = views.respond(&request(&Method::GET, "/debug/deadlines", ""));
+        assert_eq!(r.status(), StatusCode::OK);
+        let r = views.respond(&request(&Method::DELETE, "/debug/deadlines", ""));
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        let r = views.respond(&request(&Method::GET, "/debug/deadlines/", ""));
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
     }
 }

@@ -6,13 +6,14 @@
 //! anyone who can reach the pod) read `reason withheld`, unless the operator chose to
 //! show them to every peer.
 
-use std::net::SocketAddr;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use warp::http::{Method, Response, StatusCode, header};
+use warp::{Filter, Rejection};
 
-use super::server::Request;
+use super::server::{Peer, Request, answer};
 use crate::health::{Checks, Health, Report};
 
 /// What a peer that may not read failure reasons reads instead (kube-apiserver's words).
@@ -68,30 +69,58 @@ impl Probes {
         self
     }
 
-    /// The response to `request`. Never panics; HEAD gets GET's status and headers
-    /// without a body.
+    /// The response the probe server gives `request` (its routes, without a socket).
+    /// Never panics; HEAD gets GET's status and headers without a body.
     #[must_use]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
-        head_without_body(request, self.respond_get(request))
+        answer(self.routes(), request)
     }
 
-    fn respond_get(&self, request: &Request<'_>) -> Response<String> {
-        let Some(route) = route(request.path) else {
-            return not_found();
-        };
-        if request.method != Method::GET && request.method != Method::HEAD {
-            return method_not_allowed();
-        }
-        let reasons = self.reasons_for(request.peer);
+    /// The probe server's routes: `GET|HEAD` of `/healthz`, `/livez` and `/readyz`
+    /// (with `?verbose` and repeated `?exclude=`) and of their checks
+    /// (`/healthz/<check>`); 405 for other methods there, 404 everywhere else.
+    pub(crate) fn routes(
+        &self,
+    ) -> impl Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync + 'static
+    {
+        let set = warp::path("healthz")
+            .map(|| Set::Liveness)
+            .or(warp::path("livez").map(|| Set::Liveness))
+            .unify()
+            .or(warp::path("readyz").map(|| Set::Readiness))
+            .unify();
+        let all = set.and(warp::path::end()).map(Route::All);
+        // `/healthz/<check>`, and not `/healthz/<check>/`.
+        let one = set
+            .and(warp::path::param::<String>())
+            .and(warp::path::end())
+            .and(no_trailing_slash())
+            .map(Route::One);
+        let route = all.or(one).unify();
+        let probes = self.clone();
+        let answer = route
+            .and(get_or_head())
+            .and(raw_query())
+            .and(warp::ext::optional::<Peer>())
+            .map(move |route, query: String, peer: Option<Peer>| {
+                probes.answer(route, &query, peer)
+            });
+        with_fallbacks(answer, route.map(|_| ()).untuple_one())
+    }
+
+    fn answer(&self, route: Route, query: &str, peer: Option<Peer>) -> Response<String> {
+        let reasons = self.reasons_for(peer);
         match route {
-            Route::All(set) => self.all(set, &Query::parse(request.query), reasons),
-            Route::One(set, name) => self.one(set, name, reasons),
+            Route::All(set) => self.all(set, &Query::parse(query), reasons),
+            Route::One(set, name) => self.one(set, &name, reasons),
         }
     }
 
-    /// Whether `peer` may read failure reasons.
-    fn reasons_for(&self, peer: SocketAddr) -> Reasons {
-        if self.reasons_to_all_peers || peer.ip().to_canonical().is_loopback() {
+    /// Whether `peer` may read failure reasons; a request without a peer may not.
+    fn reasons_for(&self, peer: Option<Peer>) -> Reasons {
+        if self.reasons_to_all_peers
+            || peer.is_some_and(|Peer(peer)| peer.ip().to_canonical().is_loopback())
+        {
             Reasons::Shown
         } else {
             Reasons::Withheld
@@ -207,39 +236,68 @@ enum Set {
     Readiness = 1,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Route<'a> {
+/// What a probe path asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Route {
+    /// Every check of a set.
     All(Set),
-    One(Set, &'a str),
+    /// One check of a set, by name.
+    One(Set, String),
 }
 
-/// The route of `path`; None for every path but the probes and their subpaths.
-fn route(path: &str) -> Option<Route<'_>> {
-    let (set, rest) = if let Some(rest) = path.strip_prefix("/healthz") {
-        (Set::Liveness, rest)
-    } else if let Some(rest) = path.strip_prefix("/livez") {
-        (Set::Liveness, rest)
-    } else if let Some(rest) = path.strip_prefix("/readyz") {
-        (Set::Readiness, rest)
-    } else {
-        return None;
-    };
-    match rest {
-        "" | "/" => Some(Route::All(set)),
-        name => match name.strip_prefix('/') {
-            Some(name) if !name.is_empty() && !name.contains('/') => Some(Route::One(set, name)),
-            _ => None,
-        },
-    }
+/// GET or HEAD.
+pub(crate) fn get_or_head() -> impl Filter<Extract = (), Error = Rejection> + Copy {
+    warp::get().or(warp::head()).unify()
 }
 
-/// GET's answer to `request`, without its body when the method is HEAD (status and
-/// headers stay): how every router here answers HEAD.
+/// The raw query string ("" when there is none). Not `warp::query`: it cannot read a
+/// repeated key (`?exclude=a&exclude=b`) or a key without a value (`?verbose`).
+pub(crate) fn raw_query() -> impl Filter<Extract = (String,), Error = Infallible> + Copy {
+    warp::query::raw().or(warp::any().map(String::new)).unify()
+}
+
+/// Rejects a path that ends with `/`, which `warp::path::end` lets through: the
+/// servers here answer `/metrics`, not `/metrics/`.
+pub(crate) fn no_trailing_slash() -> impl Filter<Extract = (), Error = Rejection> + Copy {
+    warp::path::full()
+        .and_then(|path: warp::path::FullPath| {
+            std::future::ready(if path.as_str().ends_with('/') {
+                Err(warp::reject::not_found())
+            } else {
+                Ok(())
+            })
+        })
+        .untuple_one()
+}
+
+/// `routes` as a server here answers: their answer; 405 for a path of `paths` asked
+/// with another method; for every other request the 404 of kube-apiserver, never a
+/// rejection of warp's; and HEAD with GET's status and headers but no body.
+pub(crate) fn with_fallbacks<R, P>(
+    routes: R,
+    paths: P,
+) -> impl Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync
+where
+    R: Filter<Extract = (Response<String>,), Error = Rejection> + Clone + Send + Sync,
+    P: Filter<Extract = (), Error = Rejection> + Clone + Send + Sync,
+{
+    warp::method()
+        .and(
+            routes
+                .or(paths.map(method_not_allowed))
+                .unify()
+                .or(warp::any().map(not_found))
+                .unify(),
+        )
+        .map(|method: Method, response| head_without_body(&method, response))
+}
+
+/// GET's answer, without its body when the method is HEAD (status and headers stay).
 pub(crate) fn head_without_body(
-    request: &Request<'_>,
+    method: &Method,
     mut response: Response<String>,
 ) -> Response<String> {
-    if request.method == Method::HEAD {
+    if method == Method::HEAD {
         response.body_mut().clear();
     }
     response
@@ -309,16 +367,49 @@ mod tests {
 
     #[test]
     fn routes() {
-        assert_eq!(route("/healthz"), Some(Route::All(Set::Liveness)));
-        assert_eq!(route("/livez/"), Some(Route::All(Set::Liveness)));
+        let probes = probes();
+        let status = |target| ask(&probes, Method::GET, target, LOOPBACK).status();
+        // Liveness fails (its `reconcilers` check), readiness passes.
+        for (target, expected) in [
+            ("/healthz", StatusCode::INTERNAL_SERVER_ERROR),
+            ("/livez/", StatusCode::INTERNAL_SERVER_ERROR),
+            ("/healthz/reconcilers", StatusCode::INTERNAL_SERVER_ERROR),
+            ("/readyz", StatusCode::OK),
+            ("/readyz/ping", StatusCode::OK),
+            ("/readyz?verbose&exclude=a&exclude=b", StatusCode::OK),
+            ("/readyz/nope", StatusCode::NOT_FOUND),
+            ("/healthzz", StatusCode::NOT_FOUND),
+            ("/healthz/a/b", StatusCode::NOT_FOUND),
+            ("/healthz/ping/", StatusCode::NOT_FOUND),
+            ("/healthz//", StatusCode::NOT_FOUND),
+            ("//healthz", StatusCode::NOT_FOUND),
+            ("healthz", StatusCode::NOT_FOUND),
+            ("/debug/reconciles", StatusCode::NOT_FOUND),
+            ("/", StatusCode::NOT_FOUND),
+            ("", StatusCode::NOT_FOUND),
+        ] {
+            assert_eq!(status(target), expected, "{target}");
+        }
+    }
+
+    #[test]
+    fn not_found_and_method_not_allowed_read_as_before() {
+        let probes = probes();
+        let r = ask(&probes, Method::GET, "/nowhere", LOOPBACK);
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert_eq!(r.body(), "404 page not found\n");
         assert_eq!(
-            route("/readyz/ping"),
-            Some(Route::One(Set::Readiness, "ping"))
+            r.headers()[header::CONTENT_TYPE],
+            "text/plain; charset=utf-8"
         );
-        assert_eq!(route("/healthzz"), None);
-        assert_eq!(route("/healthz/a/b"), None);
-        assert_eq!(route("/debug/reconciles"), None);
-        assert_eq!(route("/"), None);
+        assert_eq!(r.headers()[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        let r = ask(&probes, Method::PUT, "/readyz/nope", LOOPBACK);
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(r.body(), "method not allowed\n");
+        assert_eq!(r.headers()[header::ALLOW], "GET, HEAD");
+        let r = ask(&probes, Method::HEAD, "/nowhere", LOOPBACK);
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert!(r.body().is_empty());
     }
 
     #[test]

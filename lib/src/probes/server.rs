@@ -1,21 +1,28 @@
-//! Serves a request handler over HTTP/1 on a dedicated OS thread and runtime, with a
-//! header timeout and a connection cap that keeps new requests (the kubelet's) served
-//! when a flood of unfinished connections arrives.
+//! Serves warp routes over HTTP/1 on a dedicated OS thread and runtime, with a header
+//! timeout and a connection cap that keeps new requests (the kubelet's) served when a
+//! flood of unfinished connections arrives.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+use warp::Filter;
 use warp::http::{Method, Response};
+
+use super::routes::{head_without_body, not_found};
 
 /// Errors of starting an HTTP server.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +47,7 @@ pub enum Error {
     },
 }
 
-/// One request, as a handler sees it.
+/// One request, as the routes' tests and fuzzing make it (see each router's `respond`).
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     /// The method.
@@ -53,8 +60,69 @@ pub struct Request<'a> {
     pub peer: SocketAddr,
 }
 
-/// Answers one request.
-pub type Handler = Arc<dyn Fn(&Request<'_>) -> Response<String> + Send + Sync>;
+/// Who is asking: the connection loop puts the peer's address in every request's
+/// extensions, where routes read it with `warp::ext`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+/// The response `routes` give `request`, without a socket: how the routes of every
+/// server here are tested and fuzzed. A path and query that do not make a request
+/// target (hyper would have refused the request) get the 404 of an unknown path.
+pub(crate) fn answer<R>(routes: R, request: &Request<'_>) -> Response<String>
+where
+    R: Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync,
+{
+    let target = if request.query.is_empty() {
+        request.path.to_owned()
+    } else {
+        format!("{}?{}", request.path, request.query)
+    };
+    let uri = match target.parse::<warp::http::Uri>() {
+        Ok(uri)
+            if uri.scheme().is_none()
+                && uri.path() == request.path
+                && uri.query().unwrap_or_default() == request.query =>
+        {
+            uri
+        }
+        _ => return head_without_body(request.method, not_found()),
+    };
+    let mut http_request = warp::http::Request::new(String::new());
+    *http_request.method_mut() = request.method.clone();
+    *http_request.uri_mut() = uri;
+    http_request.extensions_mut().insert(Peer(request.peer));
+    let Ok(response) = block_on(tower_service::Service::call(
+        &mut warp::service(routes),
+        http_request,
+    ));
+    let (parts, body) = response.into_parts();
+    // A body made from a String cannot fail.
+    let body = block_on(body.collect()).map_or_else(
+        |_| String::new(),
+        |body| String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+    );
+    Response::from_parts(parts, body)
+}
+
+/// Runs `future` on this thread. The routes never wait on anything (every filter of
+/// theirs is ready at once), so this returns at the first poll; parking is for form.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
 
 /// How much a server lets its clients hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,18 +163,34 @@ pub struct HttpServer {
 
 impl HttpServer {
     /// Binds `addr` now, so a taken port is an error here rather than a panic later,
-    /// then serves `handler` on a new thread called `name`, with the default [`Limits`].
-    pub fn spawn(name: &str, addr: SocketAddr, handler: Handler) -> Result<Self, Error> {
-        Self::spawn_with_limits(name, addr, handler, Limits::default())
+    /// then serves `routes` on a new thread called `name`, with the default [`Limits`].
+    /// Every request carries its [`Peer`] in its extensions. The routes cannot reject
+    /// (`Error = Infallible`): each request gets their answer, never a default of warp's.
+    pub fn spawn<R>(name: &str, addr: SocketAddr, routes: R) -> Result<Self, Error>
+    where
+        R: Filter<Extract = (Response<String>,), Error = Infallible>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+    {
+        Self::spawn_with_limits(name, addr, routes, Limits::default())
     }
 
     /// [`HttpServer::spawn`] with `limits`.
-    pub fn spawn_with_limits(
+    pub fn spawn_with_limits<R>(
         name: &str,
         addr: SocketAddr,
-        handler: Handler,
+        routes: R,
         limits: Limits,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, Error>
+    where
+        R: Filter<Extract = (Response<String>,), Error = Infallible>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+    {
         let start = |source| Error::Start {
             name: name.to_owned(),
             source,
@@ -124,7 +208,7 @@ impl HttpServer {
         let (shutdown, shutdown_rx) = oneshot::channel::<()>();
         let server = Server {
             name: name.to_owned(),
-            handler,
+            routes,
             limits,
         };
         let thread = std::thread::Builder::new()
@@ -157,16 +241,19 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// What the server thread runs.
-struct Server {
+struct Server<R> {
     name: String,
-    handler: Handler,
+    routes: R,
     limits: Limits,
 }
 
 /// The open connections, oldest first (ids grow), each with its way to close it.
 type Open = Arc<Mutex<BTreeMap<u64, CancellationToken>>>;
 
-impl Server {
+impl<R> Server<R>
+where
+    R: Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync + 'static,
+{
     /// Accepts until `shutdown` fires.
     async fn serve(self, listener: TcpListener, shutdown: oneshot::Receiver<()>) {
         // Not a graceful shutdown: it would wait for every open connection, and a client
@@ -216,7 +303,7 @@ impl Server {
             tokio::spawn(serve_connection(
                 stream,
                 peer,
-                Arc::clone(&self.handler),
+                self.routes.clone(),
                 self.limits.header_timeout,
                 token,
                 Connection {
@@ -243,22 +330,21 @@ impl Drop for Connection {
     }
 }
 
-async fn serve_connection(
+async fn serve_connection<R>(
     stream: TcpStream,
     peer: SocketAddr,
-    handler: Handler,
+    routes: R,
     header_timeout: Duration,
     closed: CancellationToken,
     _connection: Connection,
-) {
-    let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-        let response = handler(&Request {
-            method: request.method(),
-            path: request.uri().path(),
-            query: request.uri().query().unwrap_or_default(),
-            peer,
-        });
-        std::future::ready(Ok::<_, Infallible>(response))
+) where
+    R: Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync + 'static,
+{
+    let routes = warp::service(routes);
+    let service = service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(Peer(peer));
+        // warp's service is always ready: no `poll_ready` to wait for.
+        tower_service::Service::call(&mut routes.clone(), request)
     });
     let mut builder = http1::Builder::new();
     builder
@@ -315,23 +401,109 @@ mod tests {
 
     use super::*;
 
-    fn echo_peer() -> Handler {
-        Arc::new(|request| Response::new(format!("{} {}", request.path, request.peer.ip())))
+    fn echo_peer()
+    -> impl Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync + 'static
+    {
+        warp::path::full().and(warp::ext::optional::<Peer>()).map(
+            |path: warp::path::FullPath, peer: Option<Peer>| {
+                let peer = peer.map_or_else(|| "no peer".to_owned(), |Peer(p)| p.ip().to_string());
+                Response::new(format!("{} {peer}", path.as_str()))
+            },
+        )
     }
 
     fn get(addr: SocketAddr, path: &str) -> String {
+        request(addr, "GET", path)
+    }
+
+    /// The whole response to `method path`, head and body.
+    fn request(addr: SocketAddr, method: &str, path: &str) -> String {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .unwrap();
         write!(
             stream,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         )
         .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         response
+    }
+
+    /// `server`'s routes answer an unknown path 404 and a POST to `path` 405, in the
+    /// words and headers of kube-apiserver, over a socket.
+    fn assert_404_and_405(server: &HttpServer, path: &str) {
+        let addr = server.local_addr();
+        let response = request(addr, "GET", "/nowhere");
+        assert!(
+            response.starts_with("HTTP/1.1 404 Not Found\r\n"),
+            "{response}"
+        );
+        assert!(
+            response.contains("\r\ncontent-type: text/plain; charset=utf-8\r\n"),
+            "{response}"
+        );
+        assert!(
+            response.ends_with("\r\n\r\n404 page not found\n"),
+            "{response}"
+        );
+        let response = request(addr, "POST", path);
+        assert!(
+            response.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
+            "{response}"
+        );
+        assert!(response.contains("\r\nallow: GET, HEAD\r\n"), "{response}");
+        assert!(
+            response.ends_with("\r\n\r\nmethod not allowed\n"),
+            "{response}"
+        );
+    }
+
+    #[test]
+    fn the_probe_routes_answer_404_and_405_and_see_the_peer() {
+        let health = Arc::new(crate::health::Health::new());
+        health
+            .liveness
+            .add(Arc::new(crate::health::FnCheck::new("reconcilers", || {
+                Err("web default/site running 9s".into())
+            })));
+        let probes = super::super::Probes::new(health);
+        let server =
+            HttpServer::spawn("probe", "127.0.0.1:0".parse().unwrap(), probes.routes()).unwrap();
+        assert_404_and_405(&server, "/healthz");
+        // The peer reached the routes: a loopback peer reads the reason.
+        let response = get(server.local_addr(), "/healthz/reconcilers");
+        assert!(response.starts_with("HTTP/1.1 500"), "{response}");
+        assert!(
+            response.ends_with("web default/site running 9s\n"),
+            "{response}"
+        );
+    }
+
+    #[test]
+    fn the_debug_routes_answer_404_and_405() {
+        let views =
+            super::super::DebugViews::new(crate::guard::Registry::new(Duration::from_secs(1)));
+        let server =
+            HttpServer::spawn("debug", "127.0.0.1:0".parse().unwrap(), views.routes()).unwrap();
+        assert_404_and_405(&server, "/debug/reconciles");
+        let response = get(server.local_addr(), "/debug/reconciles");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("[]"), "{response}");
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_metrics_routes_answer_404_and_405() {
+        let metrics = crate::metrics::Metrics::new(Arc::new(crate::health::Health::new()));
+        let routes = crate::metrics::routes(move || metrics.encode());
+        let server = HttpServer::spawn("metrics", "127.0.0.1:0".parse().unwrap(), routes).unwrap();
+        assert_404_and_405(&server, "/metrics");
+        let response = get(server.local_addr(), "/metrics");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("# EOF\n"), "{response}");
     }
 
     /// Whether the server closed `stream` within `within`.
@@ -357,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn the_handler_sees_path_and_peer() {
+    fn the_routes_see_path_and_peer() {
         let server =
             HttpServer::spawn("probe", "127.0.0.1:0".parse().unwrap(), echo_peer()).unwrap();
         let response = get(server.local_addr(), "/healthz?verbose");
