@@ -358,9 +358,12 @@ fn capture_impl(
     let mut frames = Vec::new();
     let mut resolved = 0;
     let started = Instant::now();
-    for address in addresses {
+    for (n, address) in addresses.iter().enumerate() {
         let before = frames.len();
         symbolize(address.ip, address.lookup, &mut frames);
+        if n == 0 {
+            line_of_the_next_statement(address.lookup, &mut frames);
+        }
         resolved += 1;
         if frames[before..].iter().any(is_last) {
             break;
@@ -385,6 +388,37 @@ fn capture_impl(
             .stopped_early
             .filter(|_| !ends_at_a_thread_entry(addresses)),
     })
+}
+
+/// How far past an interrupted instruction without a line to look for one.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const NEXT_LINE_SEARCH: usize = 16;
+
+/// The line table gives some instructions no line (line 0: glue the compiler could not
+/// give one statement, such as a loop's head), and a thread can be stopped at one: the
+/// innermost function's frame (the last of `frames`) then gets the line of the next
+/// instruction of the same function that has one, the statement it was about to run.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
+    let Some(innermost) = frames.last_mut() else {
+        return;
+    };
+    if innermost.line.is_some() || innermost.file.is_none() {
+        return;
+    }
+    let mut next = Vec::new();
+    for offset in 1..=NEXT_LINE_SEARCH {
+        next.clear();
+        symbolize(pc, pc.saturating_add(offset), &mut next);
+        if let Some(found) = next.last()
+            && found.function == innermost.function
+            && found.file == innermost.file
+            && found.line.is_some()
+        {
+            innermost.line = found.line;
+            return;
+        }
+    }
 }
 
 /// The functions a thread's stack starts in (glibc's): an unwind that stops there,
