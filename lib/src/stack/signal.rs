@@ -545,10 +545,7 @@ mod tests {
         let started = Instant::now();
         let armed = arm(tid).expect("armed");
         armed.send().expect("sent");
-        let err = armed
-            .held(Instant::now() + timeout)
-            .err()
-            .expect("no stack");
+        let err = armed.held(Instant::now() + timeout).expect_err("no stack");
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
         drop(armed);
@@ -631,7 +628,7 @@ mod tests {
     fn only_a_signal_that_can_be_caught_and_reports_no_fault_can_be_chosen() {
         let installed = install().expect("installed");
         for signal in [0, -1, libc::SIGRTMAX() + 1, libc::SIGKILL, libc::SIGSEGV] {
-            let err = choose(signal).err().expect("refused");
+            let err = choose(signal).expect_err("refused");
             assert!(matches!(err, Error::SignalUnusable { .. }), "{err}");
         }
         assert!(choose(installed).is_ok(), "the one in use");
@@ -640,7 +637,7 @@ mod tests {
         } else {
             libc::SIGUSR2
         };
-        let err = choose(other).err().expect("too late");
+        let err = choose(other).expect_err("too late");
         assert!(err.to_string().contains("before the first"), "{err}");
     }
 }
