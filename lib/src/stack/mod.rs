@@ -194,7 +194,8 @@ pub enum Method {
     /// thread was not disturbed.
     #[default]
     Kernel,
-    /// Recorded by a signal handler on a thread running in user space.
+    /// Unwound from the registers a signal handler recorded on a thread running in
+    /// user space, and a copy of its stack made while the handler held it.
     Signal,
 }
 
@@ -581,8 +582,17 @@ fn signalled(
     }
     armed.send()?;
     let registers = armed.held(deadline)?;
+    let copying = Instant::now();
     let copy = parked::StackCopy::read(&maps, registers.sp);
-    if !armed.release() {
+    let still_held = armed.release();
+    // How long a capture stops a running thread, for docs/performance.md.
+    tracing::debug!(
+        target: "reconcile_watchdog::stack",
+        tid,
+        held_us = u64::try_from(copying.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "running thread let go after its stack was copied"
+    );
+    if !still_held {
         return Err(Error::LeftHandler {
             tid,
             held: signal::HOLD,
