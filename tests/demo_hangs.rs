@@ -76,6 +76,42 @@ fn a_block_hang_reports_the_blocking_frames() {
 }
 
 #[test]
+fn a_spin_hang_reports_the_spinning_function_with_its_file_and_line() {
+    let demo = demo(&[
+        "--hang-kind",
+        "spin",
+        "--hang-after",
+        "500ms",
+        "--reconcile-deadline",
+        "1s",
+        "--watchdog-interval",
+        "100ms",
+        "--stack-capture-after",
+        "500ms",
+    ]);
+    let hung = event(&demo, "the spin hang's report", |e| {
+        field(e, "message").starts_with("reconcile hung:") && field(e, "object") == "demo/cert-7"
+    });
+    assert_eq!(field(&hung, "state"), "in-poll", "{hung}");
+    let stack = field(&hung, "stack");
+    if cfg!(all(feature = "stack-capture", target_os = "linux")) {
+        // Stopped by the signal, unwound from its registers off the thread.
+        assert!(
+            stack.contains("spin_until_released at src/demo.rs:"),
+            "{stack}"
+        );
+        assert!(
+            stack.contains("(recorded by a signal to the thread, which was running)"),
+            "{stack}"
+        );
+    } else {
+        assert!(stack.starts_with("unavailable:"), "{stack}");
+    }
+    let kernel = field(&hung, "kernel_state");
+    assert!(kernel.starts_with("state R"), "{kernel}");
+}
+
+#[test]
 fn a_wedged_runtime_fails_healthz_while_the_probe_keeps_answering() {
     let threshold = Duration::from_secs(1);
     let interval = Duration::from_millis(200);

@@ -7,6 +7,11 @@
 //! the kubelet from. Neither the monitor nor the probe server depend on the async
 //! runtime that runs the reconciles, so they keep telling the truth when it is wedged.
 //!
+//! `unsafe` code is denied except in three modules, each block with its SAFETY comment:
+//! the guard's clock (`clock_gettime`), the [`stack`] capture's signal handler and
+//! `tgkill` (feature `stack-capture`), and its heap trim after symbolizing
+//! (`malloc_trim`). docs/diagnostics.md lists what each does.
+//!
 //! ```
 //! use std::time::Duration;
 //! use reconcile_watchdog::guard::{ObjectKey, Registry};

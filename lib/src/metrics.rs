@@ -501,7 +501,6 @@ impl Metrics {
             self.leader.renewals.clone(),
         );
         registry.register_collector(Box::new(self.leader.renewal_age.clone()));
-        registry.register_collector(Box::new(StuckStackCaptures));
         registry.register_collector(Box::new(self.watch_ages.clone()));
         registry.register_collector(Box::new(self.events_dropped.clone()));
     }
@@ -787,24 +786,6 @@ impl Collector for CpuThrottled {
         let family = encoder.encode_descriptor(
             "cpu_throttled_seconds",
             "Time cgroup v2 has CPU-throttled this process's cgroup (cpu.stat throttled_usec): it explains slow reconciles",
-            None,
-            metric.metric_type(),
-        )?;
-        metric.encode(family)
-    }
-}
-
-/// `reconcile_watchdog_stack_capture_stuck_total`: stack captures refused because an
-/// earlier one never left the signal handler's unwinder, read at scrape time.
-#[derive(Debug)]
-struct StuckStackCaptures;
-
-impl Collector for StuckStackCaptures {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let metric = ConstCounter::new(crate::stack::stuck_captures());
-        let family = encoder.encode_descriptor(
-            "stack_capture_stuck",
-            "Stack captures refused because an earlier one never left the signal handler's unwinder (capture of running threads is off from the first)",
             None,
             metric.metric_type(),
         )?;
@@ -1227,28 +1208,6 @@ mod tests {
             Some("1")
         );
         assert!(!text.contains("lease_renewal_age_seconds "), "{text}");
-    }
-
-    #[test]
-    fn stuck_stack_captures_are_a_counter() {
-        let metrics = Metrics::new(Arc::new(Health::new()));
-        // Another test of this binary may count one meanwhile.
-        let before = crate::stack::stuck_captures();
-        let text = metrics.encode();
-        let after = crate::stack::stuck_captures();
-        assert!(
-            text.contains("# TYPE reconcile_watchdog_stack_capture_stuck counter"),
-            "{text}"
-        );
-        let value: u64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("reconcile_watchdog_stack_capture_stuck_total "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no sample in {text}"));
-        assert!(
-            (before..=after).contains(&value),
-            "{value} not in {before}..={after}"
-        );
     }
 
     #[test]

@@ -1,19 +1,21 @@
-//! Unwinds a thread parked in the kernel from the registers the kernel shows for it,
-//! without sending it anything: the thread never notices.
+//! Unwinds a thread's stack off the thread, from its registers and a copy of its stack:
+//! the one unwinder of both capture paths, and the path of a thread parked in the kernel.
 //!
 //! `/proc/self/task/<tid>/syscall` gives the stack pointer and instruction pointer of a
-//! thread blocked in the kernel (or `running`). Its stack is then read through
-//! `/proc/self/mem`, which fails cleanly on an unmapped address instead of faulting,
-//! and unwound with the DWARF call frame information (`.eh_frame`) of the binary and
-//! libraries mapped in the process, read from their files. The stack is copied between
-//! two reads of the `syscall` file, and used only if the two agree: a thread that woke
-//! up meanwhile has moved, and its copy is thrown away.
+//! thread blocked in the kernel (or `running`); the `signal` module gives all the
+//! registers of a running one. Either way the stack is copied through `/proc/self/mem`
+//! (which fails cleanly on an unmapped address instead of faulting), bounded to the
+//! mapping the stack pointer is in, and unwound here with the DWARF call frame
+//! information (`.eh_frame`) of the binary and libraries mapped in the process, read
+//! from their files. A parked thread's stack is copied between two reads of its
+//! `syscall` file and used only if the two agree: a thread that woke up meanwhile has
+//! moved, and its copy is thrown away.
 
 use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::sync::Mutex;
+use std::time::Instant;
 
 /// How much of a stack one capture copies, from the stack pointer up: far more than
 /// any stack a hang report shows.
@@ -36,6 +38,27 @@ pub(super) struct Parked {
     line: String,
     sp: u64,
     pc: u64,
+}
+
+/// The registers an unwind starts from. The frame pointer is known only for a thread
+/// stopped by the signal; the link register (aarch64) only there too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Registers {
+    pub(super) pc: u64,
+    pub(super) sp: u64,
+    pub(super) fp: Option<u64>,
+    pub(super) lr: Option<u64>,
+}
+
+impl Parked {
+    fn registers(&self) -> Registers {
+        Registers {
+            pc: self.pc,
+            sp: self.sp,
+            fp: None,
+            lr: None,
+        }
+    }
 }
 
 /// Reads where thread `tid` of this process is.
@@ -73,16 +96,30 @@ pub(super) struct Address {
     pub(super) lookup: usize,
 }
 
-/// Why a parked thread's stack could not be unwound.
+/// The frames of one unwind, innermost first, and why it stopped before the thread's
+/// outermost frame when it did (the frames found are still right).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Unwound {
+    pub(super) addresses: Vec<Address>,
+    pub(super) stopped_early: Option<String>,
+}
+
+/// Why a stack could not be unwound.
 #[derive(Debug)]
 pub(super) enum Failure {
     /// The thread moved while its stack was read, every time it was tried.
     KeptMoving,
     /// The thread is running after all.
     Running,
-    /// Reading `/proc` failed.
-    Io(io::Error),
-    /// Unwinding from the kernel's registers is not implemented for this architecture.
+    /// Reading the thread's `syscall` file failed.
+    Whereabouts(io::Error),
+    /// Reading `/proc/self/maps` failed.
+    Maps(io::Error),
+    /// Copying the stack through `/proc/self/mem` failed.
+    Stack(io::Error),
+    /// The capture's deadline passed while doing this.
+    Deadline(&'static str),
+    /// Unwinding from these registers is not implemented for this architecture.
     Unsupported,
 }
 
@@ -91,17 +128,21 @@ const ATTEMPTS: usize = 3;
 
 /// Unwinds thread `tid`, parked at `parked`, from its own registers: the frames, the
 /// innermost first, and at most `max_frames` of them.
-pub(super) fn unwind(
+pub(super) fn unwind_parked(
+    unwinder: &mut Unwinder,
     tid: u32,
     mut parked: Parked,
     max_frames: usize,
-) -> Result<Vec<Address>, Failure> {
+    deadline: Instant,
+) -> Result<Unwound, Failure> {
     for _ in 0..ATTEMPTS {
-        let maps = Maps::read().map_err(Failure::Io)?;
-        let stack = StackCopy::read(&maps, parked.sp).map_err(Failure::Io)?;
-        let frames = unwind_copy(&maps, &parked, &stack, max_frames)?;
-        match whereabouts(tid).map_err(Failure::Io)? {
-            Whereabouts::Parked(after) if after == parked => return Ok(frames),
+        let maps = Maps::read().map_err(Failure::Maps)?;
+        unwinder.update(&maps, deadline)?;
+        past(deadline, "copying the stack")?;
+        let stack = StackCopy::read(&maps, parked.sp).map_err(Failure::Stack)?;
+        let unwound = unwinder.unwind(&maps, &parked.registers(), &stack, max_frames, deadline)?;
+        match whereabouts(tid).map_err(Failure::Whereabouts)? {
+            Whereabouts::Parked(after) if after == parked => return Ok(unwound),
             Whereabouts::Parked(after) => parked = after,
             Whereabouts::Running => return Err(Failure::Running),
         }
@@ -109,25 +150,44 @@ pub(super) fn unwind(
     Err(Failure::KeptMoving)
 }
 
-/// A copy of the top of a stack, and `/proc/self/mem` for any word beyond it.
-struct StackCopy {
+/// Fails with what was being done when `deadline` has passed.
+pub(super) fn past(deadline: Instant, doing: &'static str) -> Result<(), Failure> {
+    if Instant::now() >= deadline {
+        return Err(Failure::Deadline(doing));
+    }
+    Ok(())
+}
+
+/// A copy of the top of a stack, and `/proc/self/mem` for any word beyond it that is
+/// still in the stack's mapping (never a word elsewhere: another mapping could be a
+/// file on a hung network filesystem).
+pub(super) struct StackCopy {
     start: u64,
     bytes: Vec<u8>,
+    mapping: Range<u64>,
     memory: File,
 }
 
 impl StackCopy {
     /// Copies from `sp` to the end of the mapping it is in, at most [`MAX_STACK_COPY`].
-    fn read(maps: &Maps, sp: u64) -> io::Result<Self> {
+    pub(super) fn read(maps: &Maps, sp: u64) -> io::Result<Self> {
         let memory = File::open("/proc/self/mem")?;
-        let end = maps
+        let mapping = maps
             .containing(sp)
-            .map_or(sp, |m| m.range.end.min(sp.saturating_add(MAX_STACK_COPY)));
+            .map(|m| m.range.clone())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("the stack pointer {sp:#x} is in no mapping"),
+                )
+            })?;
+        let end = mapping.end.min(sp.saturating_add(MAX_STACK_COPY));
         let mut bytes = vec![0; usize::try_from(end - sp).unwrap_or(0)];
         memory.read_exact_at(&mut bytes, sp)?;
         Ok(Self {
             start: sp,
             bytes,
+            mapping,
             memory,
         })
     }
@@ -138,13 +198,17 @@ impl StackCopy {
         match address
             .checked_sub(self.start)
             .and_then(|offset| usize::try_from(offset).ok())
-            .and_then(|offset| self.bytes.get(offset..offset + 8))
+            .and_then(|offset| self.bytes.get(offset..offset.checked_add(8)?))
         {
             Some(bytes) => word.copy_from_slice(bytes),
-            None => self
-                .memory
-                .read_exact_at(&mut word, address)
-                .map_err(|_| ())?,
+            None if self.mapping.contains(&address)
+                && self.mapping.contains(&address.saturating_add(7)) =>
+            {
+                self.memory
+                    .read_exact_at(&mut word, address)
+                    .map_err(|_| ())?;
+            }
+            None => return Err(()),
         }
         Ok(u64::from_ne_bytes(word))
     }
@@ -160,10 +224,10 @@ struct Mapping {
 }
 
 /// The mappings of this process, by start address.
-struct Maps(Vec<Mapping>);
+pub(super) struct Maps(Vec<Mapping>);
 
 impl Maps {
-    fn read() -> io::Result<Self> {
+    pub(super) fn read() -> io::Result<Self> {
         let text = std::fs::read_to_string("/proc/self/maps")?;
         Ok(Self(text.lines().filter_map(parse_mapping).collect()))
     }
@@ -207,45 +271,226 @@ fn parse_mapping(line: &str) -> Option<Mapping> {
     })
 }
 
-#[cfg(target_arch = "x86_64")]
-mod native {
-    use std::ops::Range;
+/// The unwinder of this architecture over the unwind tables of the mapped files, kept
+/// between captures (reading them is the slow part).
+pub(super) struct Unwinder {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    tables: Option<native::Tables>,
+}
 
-    use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
-    use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
-    use object::{Object, ObjectSection, ObjectSegment};
-
-    use super::{Address, Failure, Mapping, Maps, Parked, StackCopy};
-
-    /// The unwinder over the files mapped when it was built, and what it was built
-    /// from: rebuilt only when the process maps other code.
-    pub(super) struct Tables {
-        built_from: Vec<(String, u64)>,
-        unwinder: UnwinderX86_64<Vec<u8>>,
-        cache: CacheX86_64,
-    }
-
-    impl Tables {
-        fn build(files: &[(String, Vec<&Mapping>)]) -> Self {
-            let mut unwinder = UnwinderX86_64::new();
-            for (path, mappings) in files {
-                if let Some(module) = module(path, mappings) {
-                    unwinder.add_module(module);
-                }
-            }
-            Self {
-                built_from: key(files),
-                unwinder,
-                cache: CacheX86_64::new(),
-            }
+impl Unwinder {
+    pub(super) const fn new() -> Self {
+        Self {
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            tables: None,
         }
     }
 
-    fn key(files: &[(String, Vec<&Mapping>)]) -> Vec<(String, u64)> {
-        files
-            .iter()
-            .map(|(path, mappings)| (path.clone(), mappings[0].range.start))
-            .collect()
+    /// Reads the unwind tables of the code files in `maps` that it lacks (all of them
+    /// again when a file it has was unmapped or moved), one file at a time until
+    /// `deadline`: a capture that runs out of time leaves those it read to the next.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(clippy::unused_self, unused_variables)
+    )]
+    pub(super) fn update(&mut self, maps: &Maps, deadline: Instant) -> Result<(), Failure> {
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        return self
+            .tables
+            .get_or_insert_with(native::Tables::new)
+            .update(maps, deadline);
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        Err(Failure::Unsupported)
+    }
+
+    /// Unwinds `stack` from `registers` with the tables read by [`Self::update`]. Without
+    /// a frame pointer (a parked thread), each frame record on the stack is tried as one
+    /// and the walk that explains the stack furthest is kept.
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(clippy::unused_self, unused_variables)
+    )]
+    pub(super) fn unwind(
+        &mut self,
+        maps: &Maps,
+        registers: &Registers,
+        stack: &StackCopy,
+        max_frames: usize,
+        deadline: Instant,
+    ) -> Result<Unwound, Failure> {
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        return match self.tables.as_mut() {
+            Some(tables) => tables.unwind(maps, registers, stack, max_frames, deadline),
+            None => Err(Failure::Unsupported),
+        };
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        Err(Failure::Unsupported)
+    }
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod native {
+    use std::ops::Range;
+    use std::time::Instant;
+
+    #[cfg(target_arch = "aarch64")]
+    use framehop::aarch64::{
+        CacheAarch64 as Cache, PtrAuthMask, UnwindRegsAarch64 as Regs,
+        UnwinderAarch64 as ArchUnwinder,
+    };
+    #[cfg(target_arch = "x86_64")]
+    use framehop::x86_64::{
+        CacheX86_64 as Cache, UnwindRegsX86_64 as Regs, UnwinderX86_64 as ArchUnwinder,
+    };
+    use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
+    use object::{Object, ObjectSection, ObjectSegment};
+
+    use super::{Address, Failure, Mapping, Maps, Registers, StackCopy, Unwound, past};
+
+    /// How many frame records a capture tries as the frame pointer.
+    const MAX_FRAME_POINTER_CANDIDATES: usize = 64;
+
+    /// The unwinder over the files read so far, and which files (path and first
+    /// address) those are, with tables or without.
+    pub(super) struct Tables {
+        read: Vec<(String, u64)>,
+        unwinder: ArchUnwinder<Vec<u8>>,
+        cache: Cache,
+    }
+
+    impl Tables {
+        pub(super) fn new() -> Self {
+            Self {
+                read: Vec::new(),
+                unwinder: ArchUnwinder::new(),
+                cache: Cache::new(),
+            }
+        }
+
+        pub(super) fn update(&mut self, maps: &Maps, deadline: Instant) -> Result<(), Failure> {
+            let files = maps.code_files();
+            let wanted: Vec<(String, u64)> = files
+                .iter()
+                .map(|(path, mappings)| (path.clone(), mappings[0].range.start))
+                .collect();
+            if self.read.iter().any(|file| !wanted.contains(file)) {
+                *self = Self::new();
+            }
+            for ((path, mappings), file) in files.iter().zip(wanted) {
+                if self.read.contains(&file) {
+                    continue;
+                }
+                past(deadline, "reading the unwind tables of the mapped files")?;
+                if let Some(module) = module(path, mappings) {
+                    self.unwinder.add_module(module);
+                }
+                self.read.push(file);
+            }
+            Ok(())
+        }
+
+        pub(super) fn unwind(
+            &mut self,
+            maps: &Maps,
+            registers: &Registers,
+            stack: &StackCopy,
+            max_frames: usize,
+            deadline: Instant,
+        ) -> Result<Unwound, Failure> {
+            if let Some(fp) = registers.fp {
+                return self.walk(registers, fp, stack, max_frames);
+            }
+            // The frame pointer is not in the `syscall` file, and code built with frame
+            // pointers (the Rust standard library is) finds its caller's frame through
+            // it. Every frame record on the stack (a saved frame pointer that points
+            // further up the stack, beside a return address into code) is a candidate
+            // for it: the walk from the first candidate that explains the stack
+            // furthest is taken, and the walk without one when no candidate beats it.
+            let mut best = self.walk(registers, 0, stack, max_frames)?;
+            for fp in frame_records(maps, stack).take(MAX_FRAME_POINTER_CANDIDATES) {
+                if Instant::now() >= deadline {
+                    if best.stopped_early.is_some() {
+                        best.stopped_early = Some(
+                            "the capture deadline passed while searching for the frame pointer"
+                                .to_owned(),
+                        );
+                    }
+                    break;
+                }
+                let walk = self.walk(registers, fp, stack, max_frames)?;
+                if walk.addresses.len() > best.addresses.len() {
+                    best = walk;
+                }
+            }
+            Ok(best)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        fn regs(&self, registers: &Registers, fp: u64) -> Result<Regs, Failure> {
+            Ok(Regs::new(registers.pc, registers.sp, fp))
+        }
+
+        /// On aarch64 the innermost frame's return address is in the link register,
+        /// which only the signal's context gives.
+        #[cfg(target_arch = "aarch64")]
+        fn regs(&self, registers: &Registers, fp: u64) -> Result<Regs, Failure> {
+            let lr = registers.lr.ok_or(Failure::Unsupported)?;
+            // Return addresses signed by pointer authentication carry bits above any
+            // code address: framehop strips them with this mask.
+            let mask = PtrAuthMask::from_max_known_address(self.unwinder.max_known_code_address());
+            Ok(Regs::new_with_ptr_auth_mask(mask, lr, registers.sp, fp))
+        }
+
+        /// One walk from `registers`, with `fp` as the frame pointer.
+        fn walk(
+            &mut self,
+            registers: &Registers,
+            fp: u64,
+            stack: &StackCopy,
+            max_frames: usize,
+        ) -> Result<Unwound, Failure> {
+            let regs = self.regs(registers, fp)?;
+            let mut read = |address| stack.word(address);
+            let mut frames =
+                self.unwinder
+                    .iter_frames(registers.pc, regs, &mut self.cache, &mut read);
+            let mut out = Unwound::default();
+            while out.addresses.len() < max_frames {
+                match frames.next() {
+                    Ok(Some(frame)) => out.addresses.push(Address {
+                        ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
+                        lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
+                    }),
+                    // The outermost frame, or one whose caller is marked as none.
+                    Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break,
+                    // An error ends the walk where it is: the frames so far are still true.
+                    Err(error) => {
+                        out.stopped_early = Some(describe(error, out.addresses.last()));
+                        break;
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    /// Why a walk stopped, after the frame `last`.
+    fn describe(error: framehop::Error, last: Option<&Address>) -> String {
+        let why = match error {
+            framehop::Error::CouldNotReadStack(at) => {
+                format!("its caller's frame would be at {at:#x}, outside the thread's stack")
+            }
+            framehop::Error::FramepointerUnwindingMovedBackwards => {
+                "the frame pointer chain went back down the stack".to_owned()
+            }
+            framehop::Error::DidNotAdvance => "its caller's frame was the same frame".to_owned(),
+            framehop::Error::IntegerOverflow => "its caller's frame address overflowed".to_owned(),
+            framehop::Error::ReturnAddressIsNull => "its return address is null".to_owned(),
+        };
+        match last {
+            Some(last) => format!("the unwind stopped after {:#x}: {why}", last.ip),
+            None => format!("the unwind stopped at once: {why}"),
+        }
     }
 
     /// The unwind tables of one mapped file: where its code is in this process, and its
@@ -287,41 +532,6 @@ mod native {
         Some(Module::new(path.to_owned(), avma, bias, info))
     }
 
-    /// Unwinds `stack` from the registers of `parked`, with the tables in `tables`
-    /// (built, or rebuilt, for the files in `maps`).
-    pub(super) fn unwind(
-        tables: &mut Option<Tables>,
-        maps: &Maps,
-        parked: &Parked,
-        stack: &StackCopy,
-        max_frames: usize,
-    ) -> Result<Vec<Address>, Failure> {
-        let files = maps.code_files();
-        if tables.as_ref().is_none_or(|t| t.built_from != key(&files)) {
-            *tables = Some(Tables::build(&files));
-        }
-        let Some(tables) = tables.as_mut() else {
-            return Err(Failure::Unsupported);
-        };
-        // The frame pointer is not in the `syscall` file, and code built with frame
-        // pointers (the Rust standard library is) finds its caller's frame through it.
-        // Every frame record on the stack (a saved frame pointer that points further up
-        // the stack, beside a return address into code) is a candidate for it: the walk
-        // from the first candidate that explains the stack furthest is taken, and the
-        // walk without one when no candidate beats it.
-        let mut best = walk(tables, parked, stack, 0, max_frames);
-        for bp in frame_records(maps, stack).take(MAX_FRAME_POINTER_CANDIDATES) {
-            let frames = walk(tables, parked, stack, bp, max_frames);
-            if frames.len() > best.len() {
-                best = frames;
-            }
-        }
-        Ok(best)
-    }
-
-    /// How many frame records a capture tries as the frame pointer.
-    const MAX_FRAME_POINTER_CANDIDATES: usize = 64;
-
     /// The addresses on `stack`, innermost first, that look like a frame record: a
     /// saved frame pointer of 0 or further up the stack, then a return address into code.
     fn frame_records<'a>(maps: &'a Maps, stack: &'a StackCopy) -> impl Iterator<Item = u64> + 'a {
@@ -336,59 +546,6 @@ mod native {
                     && maps.containing(ret).is_some_and(|m| m.executable)
             })
     }
-
-    /// One walk from the registers of `parked`, with `bp` as the frame pointer.
-    fn walk(
-        tables: &mut Tables,
-        parked: &Parked,
-        stack: &StackCopy,
-        bp: u64,
-        max_frames: usize,
-    ) -> Vec<Address> {
-        let regs = UnwindRegsX86_64::new(parked.pc, parked.sp, bp);
-        let mut read = |address| stack.word(address);
-        let mut frames = tables
-            .unwinder
-            .iter_frames(parked.pc, regs, &mut tables.cache, &mut read);
-        let mut out = Vec::new();
-        // An error ends the walk where it is: the frames found so far are still true.
-        while let Ok(Some(frame)) = frames.next() {
-            let ip = usize::try_from(frame.address()).unwrap_or(usize::MAX);
-            let lookup = usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX);
-            out.push(Address { ip, lookup });
-            if out.len() >= max_frames {
-                break;
-            }
-        }
-        out
-    }
-}
-
-/// The unwind tables, kept between captures (reading them is the slow part).
-#[cfg(target_arch = "x86_64")]
-static TABLES: Mutex<Option<native::Tables>> = Mutex::new(None);
-
-#[cfg(target_arch = "x86_64")]
-fn unwind_copy(
-    maps: &Maps,
-    parked: &Parked,
-    stack: &StackCopy,
-    max_frames: usize,
-) -> Result<Vec<Address>, Failure> {
-    let mut tables = TABLES.lock().unwrap_or_else(|p| p.into_inner());
-    native::unwind(&mut tables, maps, parked, stack, max_frames)
-}
-
-/// Elsewhere the kernel's `syscall` file lacks a register the unwind needs (the link
-/// register on aarch64).
-#[cfg(not(target_arch = "x86_64"))]
-fn unwind_copy(
-    _maps: &Maps,
-    _parked: &Parked,
-    _stack: &StackCopy,
-    _max_frames: usize,
-) -> Result<Vec<Address>, Failure> {
-    Err(Failure::Unsupported)
 }
 
 /// How many distinct code files are mapped (for tests of the table cache).

@@ -1,164 +1,242 @@
-//! Captures a running thread's native stack: a signal to it, an unwind inside the
-//! handler into a preallocated buffer, and nothing else there. (A thread blocked in the
-//! kernel is never signalled: see the `parked` module.)
+//! Stops a running thread just long enough to copy its stack: a signal to it, whose
+//! handler copies the interrupted registers into preallocated atomics and waits, a
+//! bounded time, while the caller copies the stack. (A thread blocked in the kernel is
+//! never signalled: see the `parked` module.)
 //!
-//! The only module of the crate allowed `unsafe`. The handler does only what is
-//! async-signal-safe: atomic loads and stores, `gettid`, and `_Unwind_Backtrace` (which
-//! on glibc 2.35+ with libgcc 12+ finds unwind tables through the lock-free
-//! `_dl_find_object`; older systems take the loader lock there, see
-//! docs/diagnostics.md). It never allocates, formats or symbolizes: the caller does that
-//! on its own thread from the instruction pointers left here. Every wait of the caller
-//! is bounded, so a handler that never runs (signal blocked, thread gone) or never
-//! finishes costs one timeout, not a stalled watchdog.
+//! The handler does only what is async-signal-safe: atomic loads, stores and
+//! compare-exchanges, `gettid`, `clock_gettime` and `futex`, all on memory that is
+//! always valid. It never unwinds, allocates, locks or formats: the caller unwinds the
+//! copy on its own thread (the `parked` module's unwinder). It runs on the thread's
+//! alternate signal stack where there is one (every thread Rust's standard library
+//! starts has one), so a thread at the end of its stack is not pushed over it. Every
+//! wait on either side is bounded: a handler that never runs (signal blocked, thread
+//! stopped or gone) costs the caller one timeout, and a caller that never comes back
+//! costs the thread [`HOLD`] at most.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock, TryLockError};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Error;
+use super::parked::Registers;
 
-/// The most frames one capture keeps.
-pub(super) const MAX_FRAMES: usize = 128;
+/// The signal used unless [`choose`] picked another: SIGURG, whose default action is to
+/// be ignored (Go's runtime preempts goroutines with it for that reason). Should
+/// anything reset its handler to the default, a capture is lost, not the process; a
+/// real-time signal's default would terminate it. SIGURG is otherwise only sent for
+/// out-of-band socket data to a process that asked for it (`F_SETOWN`).
+pub(super) const DEFAULT_SIGNAL: c_int = libc::SIGURG;
 
-/// The signal used: SIGURG, whose default action is to be ignored (Go's runtime
-/// preempts goroutines with it for that reason). Should anything reset its handler to
-/// the default, a capture is lost, not the process; a real-time signal's default would
-/// terminate it. SIGURG is otherwise only sent for out-of-band socket data to a process
-/// that asked for it (`F_SETOWN`). A handler already installed for it is never replaced,
-/// and the handler is checked before each send.
-const SIGNAL: c_int = libc::SIGURG;
+/// How long the handler holds its thread at most, waiting for the caller to copy the
+/// stack (a copy takes well under a millisecond; this is for a caller that is not
+/// scheduled).
+pub(super) const HOLD: Duration = Duration::from_millis(50);
 
-// The capture's life: the caller arms it, the handler on the target thread claims it
-// (ARMED -> WRITING) and completes it (DONE); the caller reads it and goes back to
-// IDLE, or withdraws an armed capture that timed out (ARMED -> IDLE).
-const IDLE: u64 = 0;
-const ARMED: u64 = 1;
-const WRITING: u64 = 2;
-const DONE: u64 = 3;
-const PHASE_BITS: u32 = 8;
-const PHASE_MASK: u64 = (1 << PHASE_BITS) - 1;
+// A capture's life, in one word with the kernel tid it is for, so that a handler
+// claims it only if it is armed *for its own thread*, in one atomic step (a late signal
+// from an earlier capture must not fill in a later one): the caller arms it; the
+// handler claims it (ARMED -> RECORDING), copies the registers and holds its thread
+// (HELD) until the caller releases it (-> IDLE) or HOLD passes (HELD -> LEFT). The
+// caller returns the word to IDLE whatever happened. A u32 so that the handler can
+// wait on it with `futex`; tids are below 2^22 (the kernel's PID_MAX_LIMIT).
+const IDLE: u32 = 0;
+const ARMED: u32 = 1;
+const RECORDING: u32 = 2;
+const HELD: u32 = 3;
+const LEFT: u32 = 4;
+const PHASE_BITS: u32 = 3;
+static STATE: AtomicU32 = AtomicU32::new(IDLE);
 
-/// The phase of the capture and the kernel tid it is for, in one word, so that a
-/// handler claims it only if it is armed *for its own thread*, in one atomic step (a
-/// late signal from an earlier capture must not fill in a later one).
-static STATE: AtomicU64 = AtomicU64::new(IDLE);
-
-fn state(tid: u32, phase: u64) -> u64 {
-    (u64::from(tid) << PHASE_BITS) | phase
+fn state(tid: u32, phase: u32) -> u32 {
+    (tid << PHASE_BITS) | phase
 }
-static FRAMES: [AtomicUsize; MAX_FRAMES] = [const { AtomicUsize::new(0) }; MAX_FRAMES];
-static LEN: AtomicUsize = AtomicUsize::new(0);
-/// The instruction pointer the signal interrupted, 0 when this platform cannot tell.
-static PC: AtomicUsize = AtomicUsize::new(0);
-/// One capture at a time in the process: the buffer is shared by every monitor.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+static PC: AtomicU64 = AtomicU64::new(0);
+static SP: AtomicU64 = AtomicU64::new(0);
+static FP: AtomicU64 = AtomicU64::new(0);
+static LR: AtomicU64 = AtomicU64::new(0);
+
+static CHOSEN: AtomicI32 = AtomicI32::new(DEFAULT_SIGNAL);
 static INSTALLED: OnceLock<Result<c_int, InstallFailure>> = OnceLock::new();
-/// Captures refused because an earlier one is stuck in the handler's unwinder.
-static STUCK_REFUSALS: AtomicU64 = AtomicU64::new(0);
-
-/// How many captures were refused because an earlier one never left the handler's
-/// unwinder.
-pub(super) fn stuck_refusals() -> u64 {
-    STUCK_REFUSALS.load(Ordering::Relaxed)
-}
+/// Whether the application's taking over of the signal was logged (once per process).
+static TAKEN_LOGGED: AtomicBool = AtomicBool::new(false);
 
 #[derive(Clone, Copy, Debug)]
 enum InstallFailure {
-    Taken(c_int),
+    Taken(c_int, Owner),
     Os(i32),
 }
 
-/// What the handler left: instruction pointers from the handler outwards, and the
-/// interrupted one.
-pub(super) struct Raw {
-    pub(super) frames: Vec<usize>,
-    pub(super) pc: Option<usize>,
+/// Who has the signal, when it is not this module.
+#[derive(Clone, Copy, Debug)]
+enum Owner {
+    Ignored,
+    Handler,
+    Default,
 }
 
-/// Signals thread `tid` of this process and waits, at most until `deadline`, for its
-/// handler to record its stack.
-pub(super) fn capture(tid: u32, deadline: Instant) -> Result<Raw, Error> {
+impl Owner {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Ignored => "ignored by the application (SIG_IGN)",
+            Self::Handler => "handled by the application's own handler",
+            Self::Default => "reset to its default action since it was installed",
+        }
+    }
+}
+
+/// Makes `signal` the capture signal. Only before the first capture installed its
+/// handler.
+pub(super) fn choose(signal: c_int) -> Result<(), Error> {
+    let unusable = |reason| Err(Error::SignalUnusable { signal, reason });
+    if signal <= 0 || signal > libc::SIGRTMAX() {
+        return unusable("no such signal");
+    }
+    if [libc::SIGKILL, libc::SIGSTOP].contains(&signal) {
+        return unusable("it cannot be caught");
+    }
+    if [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGABRT,
+    ]
+    .contains(&signal)
+    {
+        return unusable("it reports faults, which must keep their own handling");
+    }
+    if let Some(installed) = INSTALLED.get() {
+        return match installed {
+            Ok(current) if *current == signal => Ok(()),
+            _ => unusable("a capture already used another signal; choose before the first"),
+        };
+    }
+    CHOSEN.store(signal, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A capture armed for one thread: sends it the signal, waits for its registers and
+/// releases it. Dropping it withdraws the capture and releases the thread, whatever
+/// the handler has got to.
+pub(super) struct Armed {
+    tid: u32,
+    signal: c_int,
+}
+
+/// Arms a capture of thread `tid`. The caller serialises captures (one at a time in the
+/// process: the registers' atomics are shared).
+pub(super) fn arm(tid: u32) -> Result<Armed, Error> {
+    if !cfg!(all(
+        target_env = "gnu",
+        any(target_arch = "x86_64", target_arch = "aarch64")
+    )) {
+        return Err(Error::Unsupported(
+            "reading a running thread's registers is implemented for x86_64 and aarch64 glibc only",
+        ));
+    }
     let signal = install()?;
-    let target = i32::try_from(tid).map_err(|_| Error::NoSuchThread {
-        tid,
-        source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-    })?;
-    let _one = loop {
-        match ONE_AT_A_TIME.try_lock() {
-            Ok(guard) => break guard,
-            Err(TryLockError::Poisoned(poisoned)) => break poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) if Instant::now() >= deadline => {
-                return Err(Error::Busy);
-            }
-            Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+    if let Some(owner) = owner_if_not_ours(signal) {
+        if !TAKEN_LOGGED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                target: "reconcile_watchdog::stack",
+                signal,
+                "the stack capture signal is {}: capture of running threads is off",
+                owner.describe()
+            );
         }
-    };
-    // A handler that finished after its capture gave up left DONE behind; one still
-    // WRITING is stuck inside the unwinder, and the buffer stays its own.
-    let current = STATE.load(Ordering::Acquire);
-    match current & PHASE_MASK {
-        IDLE => {}
-        DONE => {
-            // Only this function leaves IDLE, and it holds the lock: no race.
-            STATE.store(IDLE, Ordering::Release);
-        }
-        _ => {
-            STUCK_REFUSALS.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::Stuck);
-        }
+        return Err(Error::SignalTaken {
+            signal,
+            owner: owner.describe(),
+        });
     }
-    if !still_ours(signal) {
-        return Err(Error::SignalTaken { signal });
+    if tid >= 1 << (32 - PHASE_BITS) {
+        return Err(Error::NoSuchThread {
+            tid,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        });
     }
-    LEN.store(0, Ordering::Relaxed);
-    PC.store(0, Ordering::Relaxed);
+    // Every capture leaves IDLE behind, and the caller serialises them.
     STATE.store(state(tid, ARMED), Ordering::Release);
+    Ok(Armed { tid, signal })
+}
 
-    // SAFETY: tgkill takes plain integers and touches no memory of ours; `getpid` has
-    // no preconditions. A tid that has exited (or belongs to no thread of this process)
-    // fails with ESRCH instead of reaching another process.
-    let sent = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), target, signal) };
-    if sent != 0 {
-        let source = std::io::Error::last_os_error();
-        STATE.store(IDLE, Ordering::Release);
-        return Err(Error::Signal { tid, source });
-    }
-
-    loop {
-        if STATE.load(Ordering::Acquire) == state(tid, DONE) {
-            let len = LEN.load(Ordering::Relaxed).min(MAX_FRAMES);
-            let frames = FRAMES[..len]
-                .iter()
-                .map(|f| f.load(Ordering::Relaxed))
-                .collect();
-            let pc = PC.load(Ordering::Relaxed);
-            STATE.store(IDLE, Ordering::Release);
-            return Ok(Raw {
-                frames,
-                pc: (pc != 0).then_some(pc),
+impl Armed {
+    /// Sends the signal.
+    pub(super) fn send(&self) -> Result<(), Error> {
+        let target = i32::try_from(self.tid).map_err(|_| Error::NoSuchThread {
+            tid: self.tid,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        })?;
+        // SAFETY: tgkill takes plain integers and touches no memory of ours; `getpid`
+        // has no preconditions. A tid that has exited (or belongs to no thread of this
+        // process) fails with ESRCH instead of reaching another process.
+        let sent = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), target, self.signal) };
+        if sent != 0 {
+            return Err(Error::Signal {
+                tid: self.tid,
+                source: std::io::Error::last_os_error(),
             });
         }
-        if Instant::now() >= deadline {
-            // Withdraw, unless the handler has claimed it meanwhile; then it is either
-            // done at the next look or stuck, and the next capture finds out which.
-            if STATE
-                .compare_exchange(state(tid, ARMED), IDLE, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-                || STATE.load(Ordering::Acquire) != state(tid, DONE)
-            {
-                return Err(Error::Timeout { tid });
+        Ok(())
+    }
+
+    /// Waits, at most until `deadline`, for the handler to hold its thread, and gives
+    /// the registers it was interrupted at.
+    pub(super) fn held(&self, deadline: Instant) -> Result<Registers, Error> {
+        let held = state(self.tid, HELD);
+        loop {
+            let now = STATE.load(Ordering::Acquire);
+            if now == state(self.tid, LEFT) {
+                return Err(Error::LeftHandler {
+                    tid: self.tid,
+                    held: HOLD,
+                });
             }
-            continue;
+            if now == held {
+                let lr = LR.load(Ordering::Relaxed);
+                return Ok(Registers {
+                    pc: PC.load(Ordering::Relaxed),
+                    sp: SP.load(Ordering::Relaxed),
+                    fp: Some(FP.load(Ordering::Relaxed)),
+                    lr: cfg!(target_arch = "aarch64").then_some(lr),
+                });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout { tid: self.tid });
+            }
+            std::thread::sleep(Duration::from_micros(100));
         }
-        std::thread::sleep(Duration::from_micros(200));
+    }
+
+    /// Lets the thread go: whether it was still held, so that what was copied since
+    /// [`Self::held`] is the stack it was interrupted with.
+    pub(super) fn release(self) -> bool {
+        STATE
+            .compare_exchange(
+                state(self.tid, HELD),
+                IDLE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        // Drop wakes the handler.
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        STATE.store(IDLE, Ordering::Release);
+        wake_handler();
     }
 }
 
 fn install() -> Result<c_int, Error> {
     let installed = *INSTALLED.get_or_init(|| {
-        let signal = SIGNAL;
+        let signal = CHOSEN.load(Ordering::Relaxed);
         // SAFETY: an all-zero `sigaction` is a valid value of the C struct (no handler,
         // empty mask, no flags); with a null new action `sigaction` only writes `old`.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -166,17 +244,22 @@ fn install() -> Result<c_int, Error> {
         if unsafe { libc::sigaction(signal, std::ptr::null(), &mut old) } != 0 {
             return Err(InstallFailure::Os(last_errno()));
         }
-        if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
-            return Err(InstallFailure::Taken(signal));
+        // The application's choice for the signal, ignoring it included, is left alone.
+        if old.sa_sigaction == libc::SIG_IGN {
+            return Err(InstallFailure::Taken(signal, Owner::Ignored));
+        }
+        if old.sa_sigaction != libc::SIG_DFL {
+            return Err(InstallFailure::Taken(signal, Owner::Handler));
         }
         // SAFETY: as above, all-zero is a valid `sigaction` to fill in.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
         action.sa_sigaction = on_signal as *const () as libc::sighandler_t;
-        // Only running threads are signalled, but one may enter a blocking call before
-        // the signal lands: SA_RESTART makes the calls the kernel can restart resume
-        // (docs/diagnostics.md lists those it cannot). No SA_ONSTACK, so the
-        // unwind runs on the thread's own (large) stack, not the small alternate one.
-        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // SA_ONSTACK: the kernel's signal frame goes on the alternate stack where the
+        // thread has one, not on what is left of a stack that may be nearly full.
+        // SA_RESTART: a thread is signalled only when seen running, but should it have
+        // entered a call since, the calls the kernel can restart resume
+        // (docs/diagnostics.md lists those it cannot).
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_RESTART;
         // SAFETY: `action.sa_mask` is a valid `sigset_t` to initialise; `action` is a
         // fully initialised `sigaction` whose handler is the `extern "C"` function
         // below, which has the signature SA_SIGINFO requires.
@@ -190,132 +273,240 @@ fn install() -> Result<c_int, Error> {
         Ok(signal)
     });
     installed.map_err(|failure| match failure {
-        InstallFailure::Taken(signal) => Error::SignalTaken { signal },
+        InstallFailure::Taken(signal, owner) => {
+            if !TAKEN_LOGGED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    target: "reconcile_watchdog::stack",
+                    signal,
+                    "the stack capture signal is {}: capture of running threads is off",
+                    owner.describe()
+                );
+            }
+            Error::SignalTaken {
+                signal,
+                owner: owner.describe(),
+            }
+        }
         InstallFailure::Os(errno) => Error::Install(std::io::Error::from_raw_os_error(errno)),
     })
 }
 
-/// Whether the handler installed for `signal` is still ours: something may have
-/// replaced it since (or reset it to the default) without telling us.
-fn still_ours(signal: c_int) -> bool {
+/// Who has `signal` now, when it is no longer this module's handler: something may
+/// have replaced it since (or reset it to the default) without telling us.
+fn owner_if_not_ours(signal: c_int) -> Option<Owner> {
     // SAFETY: as in `install`, all-zero is a valid `sigaction`, and with a null new
     // action `sigaction` only writes `current`.
     let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: `current` is a valid, writable `sigaction`.
-    let status = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
-    status == 0 && current.sa_sigaction == on_signal as *const () as libc::sighandler_t
+    if unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } != 0 {
+        return Some(Owner::Handler);
+    }
+    match current.sa_sigaction {
+        handler if handler == on_signal as *const () as libc::sighandler_t => None,
+        libc::SIG_IGN => Some(Owner::Ignored),
+        libc::SIG_DFL => Some(Owner::Default),
+        _ => Some(Owner::Handler),
+    }
 }
 
 fn last_errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// The signal handler, on the target thread: records its stack if a capture for this
-/// very thread is armed, and nothing else.
+/// Wakes a handler waiting in [`hold`].
+fn wake_handler() {
+    // SAFETY: FUTEX_WAKE on the address of a static atomic, valid for the whole
+    // process; the other arguments are ignored for this operation.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            STATE.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            i32::MAX,
+        );
+    }
+}
+
+/// The signal handler, on the target thread: if a capture for this very thread is
+/// armed, records the registers and holds the thread until released, and nothing else.
 extern "C" fn on_signal(_signal: c_int, _info: *mut libc::siginfo_t, context: *mut c_void) {
     // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for
     // the thread's life; the handler restores it so the interrupted code sees its own.
     let errno = unsafe { *libc::__errno_location() };
-    record_if_armed_for_this_thread(context);
+    record_and_hold(context);
     // SAFETY: as above, this thread's errno slot.
     unsafe { *libc::__errno_location() = errno };
 }
 
-fn record_if_armed_for_this_thread(context: *mut c_void) {
+fn record_and_hold(context: *mut c_void) {
     // SAFETY: gettid is a system call without arguments or preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let Ok(tid) = u32::try_from(tid) else {
         return;
     };
-    if STATE
-        .compare_exchange(
-            state(tid, ARMED),
-            state(tid, WRITING),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        )
-        .is_err()
+    if tid >= 1 << (32 - PHASE_BITS)
+        || STATE
+            .compare_exchange(
+                state(tid, ARMED),
+                state(tid, RECORDING),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
     {
         return;
     }
-    PC.store(interrupted_pc(context), Ordering::Relaxed);
-    let mut len = 0;
-    // SAFETY: unwinds the current thread's own stack, live for the whole call. The
-    // variant is unsafe only because it skips the crate's global lock, which a signal
-    // handler must not take (the interrupted code may hold it). The closure only stores
-    // into preallocated atomics: no allocation, no formatting, and no panic (the index
-    // is checked).
-    unsafe {
-        backtrace::trace_unsynchronized(|frame| {
-            if let Some(slot) = FRAMES.get(len) {
-                slot.store(frame.ip() as usize, Ordering::Relaxed);
-                len += 1;
-            }
-            len < MAX_FRAMES
-        });
+    let Some((pc, sp, fp, lr)) = interrupted_registers(context) else {
+        // Nothing to give: withdraw the claim (the caller times out).
+        let _ = STATE.compare_exchange(
+            state(tid, RECORDING),
+            state(tid, LEFT),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+        return;
+    };
+    PC.store(pc, Ordering::Relaxed);
+    SP.store(sp, Ordering::Relaxed);
+    FP.store(fp, Ordering::Relaxed);
+    LR.store(lr, Ordering::Relaxed);
+    // The caller may have withdrawn meanwhile: then there is no one to hold for.
+    if STATE
+        .compare_exchange(
+            state(tid, RECORDING),
+            state(tid, HELD),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+    {
+        hold(state(tid, HELD), state(tid, LEFT));
     }
-    LEN.store(len, Ordering::Relaxed);
-    STATE.store(state(tid, DONE), Ordering::Release);
 }
 
-/// The instruction pointer saved in the signal's context: where the thread was.
+/// Waits while the word is `held`, at most [`HOLD`]; then marks it `left`, so that the
+/// caller knows its copy may be of a stack that has moved on.
+fn hold(held: u32, left: u32) {
+    let Some(until) = monotonic_ns().map(|now| now + HOLD.as_nanos() as u64) else {
+        let _ = STATE.compare_exchange(held, left, Ordering::AcqRel, Ordering::Relaxed);
+        return;
+    };
+    loop {
+        if STATE.load(Ordering::Acquire) != held {
+            return;
+        }
+        let now = monotonic_ns().unwrap_or(u64::MAX);
+        if now >= until {
+            let _ = STATE.compare_exchange(held, left, Ordering::AcqRel, Ordering::Relaxed);
+            return;
+        }
+        let left_ns = until - now;
+        let timeout = libc::timespec {
+            tv_sec: (left_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (left_ns % 1_000_000_000) as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on the address of a static atomic, valid for the whole
+        // process, with a valid relative timeout; it returns at once if the word is no
+        // longer `held`, on a wake, on the timeout or on a signal, and the loop looks
+        // again each time.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                STATE.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                held,
+                &raw const timeout,
+            );
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (`clock_gettime` is async-signal-safe).
+fn monotonic_ns() -> Option<u64> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } != 0 {
+        return None;
+    }
+    Some(u64::try_from(now.tv_sec).ok()? * 1_000_000_000 + u64::try_from(now.tv_nsec).ok()?)
+}
+
+/// The interrupted pc, sp, frame pointer and link register (0 on x86_64) saved in the
+/// signal's context.
 #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
-fn interrupted_pc(context: *mut c_void) -> usize {
+fn interrupted_registers(context: *mut c_void) -> Option<(u64, u64, u64, u64)> {
     if context.is_null() {
-        return 0;
+        return None;
     }
     // SAFETY: with SA_SIGINFO the kernel passes a valid `ucontext_t` as the third
-    // argument, alive for the handler's duration; we only read one register.
-    unsafe {
-        let context = &*context.cast::<libc::ucontext_t>();
-        context.uc_mcontext.gregs[libc::REG_RIP as usize] as usize
-    }
+    // argument, alive for the handler's duration; we only read three registers.
+    let gregs = unsafe { &(*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
+    #[allow(clippy::cast_sign_loss)] // registers, stored as i64 by the C struct
+    Some((
+        gregs[libc::REG_RIP as usize] as u64,
+        gregs[libc::REG_RSP as usize] as u64,
+        gregs[libc::REG_RBP as usize] as u64,
+        0,
+    ))
 }
 
 #[cfg(all(target_arch = "aarch64", target_env = "gnu"))]
-fn interrupted_pc(context: *mut c_void) -> usize {
+fn interrupted_registers(context: *mut c_void) -> Option<(u64, u64, u64, u64)> {
     if context.is_null() {
-        return 0;
+        return None;
     }
     // SAFETY: with SA_SIGINFO the kernel passes a valid `ucontext_t` as the third
-    // argument, alive for the handler's duration; we only read the pc.
-    unsafe {
-        let context = &*context.cast::<libc::ucontext_t>();
-        context.uc_mcontext.pc as usize
-    }
+    // argument, alive for the handler's duration; we only read four registers.
+    let mcontext = unsafe { &(*context.cast::<libc::ucontext_t>()).uc_mcontext };
+    Some((
+        mcontext.pc,
+        mcontext.sp,
+        mcontext.regs[29],
+        mcontext.regs[30],
+    ))
 }
 
 #[cfg(not(all(
     any(target_arch = "x86_64", target_arch = "aarch64"),
     target_env = "gnu"
 )))]
-fn interrupted_pc(_context: *mut c_void) -> usize {
-    0
+fn interrupted_registers(_context: *mut c_void) -> Option<(u64, u64, u64, u64)> {
+    None
 }
-
-/// Held by every test of this binary that sends the capture signal, so that none finds
-/// another's capture in progress.
-#[cfg(test)]
-pub(super) static SIGNAL_TESTS: Mutex<()> = Mutex::new(());
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, MutexGuard, mpsc};
 
     use super::*;
+    use crate::stack::parked::Unwinder;
 
-    /// Runs `body` on a new thread with every signal blocked, and returns its tid.
-    fn thread_with_signals_blocked(
+    fn one_capture_at_a_time() -> MutexGuard<'static, Unwinder> {
+        crate::stack::CAPTURE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `body` on a new thread, with every signal blocked when `blocked`, and
+    /// returns its tid.
+    fn thread(
+        blocked: bool,
         body: impl FnOnce() + Send + 'static,
     ) -> (u32, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::spawn(move || {
-            // SAFETY: `all` is a valid `sigset_t` to fill; pthread_sigmask only changes
-            // the calling thread's mask.
-            unsafe {
-                let mut all: libc::sigset_t = std::mem::zeroed();
-                libc::sigfillset(&mut all);
-                libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+            if blocked {
+                // SAFETY: `all` is a valid `sigset_t` to fill; pthread_sigmask only
+                // changes the calling thread's mask.
+                unsafe {
+                    let mut all: libc::sigset_t = std::mem::zeroed();
+                    libc::sigfillset(&mut all);
+                    libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
+                }
             }
             tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
             body();
@@ -323,61 +514,131 @@ mod tests {
         (rx.recv().unwrap(), handle)
     }
 
+    /// A thread counting as it spins, until `stop`.
+    fn spinner() -> (
+        u32,
+        Arc<AtomicUsize>,
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let spins = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tid, handle) = {
+            let (spins, stop) = (Arc::clone(&spins), Arc::clone(&stop));
+            thread(false, move || {
+                while !stop.load(Ordering::Relaxed) {
+                    spins.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        (tid, spins, stop, handle)
+    }
+
     #[test]
     fn a_thread_that_never_runs_the_handler_costs_one_timeout_and_no_more() {
-        let _serial = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = one_capture_at_a_time();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let (tid, blocked) = thread_with_signals_blocked(move || {
+        let (tid, blocked) = thread(true, move || {
             let _ = stop_rx.recv();
         });
         let timeout = Duration::from_millis(100);
         let started = Instant::now();
-        let err = capture(tid, Instant::now() + timeout)
-            .err()
-            .expect("no stack");
+        let armed = arm(tid).expect("armed");
+        armed.send().expect("sent");
+        let err = armed.held(Instant::now() + timeout).expect_err("no stack");
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
+        drop(armed);
         // Withdrawn, not left armed: a late handler cannot fill in a later capture.
         assert_eq!(STATE.load(Ordering::Acquire), IDLE);
 
         // The withdrawn capture leaves nothing behind: the next one, of a thread that
-        // does take signals, works.
-        let (tid_tx, tid_rx) = mpsc::channel();
-        let (go_tx, go_rx) = mpsc::channel::<()>();
-        let normal = std::thread::spawn(move || {
-            tid_tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
-            let _ = go_rx.recv();
-        });
-        let normal_tid = tid_rx.recv().unwrap();
-        let raw = capture(normal_tid, Instant::now() + Duration::from_secs(5))
+        // does take signals, gets registers and holds the thread until released.
+        let (tid, spins, stop, spinning) = spinner();
+        let armed = arm(tid).expect("armed");
+        armed.send().expect("sent");
+        let registers = armed
+            .held(Instant::now() + Duration::from_secs(5))
             .unwrap_or_else(|err| panic!("{err}"));
-        assert!(!raw.frames.is_empty());
-        drop(go_tx);
-        normal.join().unwrap();
+        assert!(registers.pc != 0 && registers.sp != 0, "{registers:?}");
+        let during = spins.load(Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(spins.load(Ordering::Relaxed), during, "held still");
+        assert!(armed.release(), "still held when released");
+        stop.store(true, Ordering::Relaxed);
+        spinning.join().unwrap();
         drop(stop_tx);
         blocked.join().unwrap();
     }
-}
-
-#[cfg(test)]
-mod stuck {
-    use super::*;
 
     #[test]
-    fn a_capture_stuck_in_the_handler_is_refused_as_stuck_and_counted() {
-        let _serial = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
-        install().expect("the handler installs");
-        let before = stuck_refusals();
-        // As a handler that never left the unwinder leaves it.
-        STATE.store(state(1, WRITING), Ordering::Release);
-        let err = capture(1, Instant::now() + Duration::from_secs(5))
-            .err()
-            .expect("refused");
-        STATE.store(IDLE, Ordering::Release);
-        assert!(matches!(err, Error::Stuck), "{err}");
-        assert!(err.to_string().contains("never left the unwinder"), "{err}");
-        assert_eq!(stuck_refusals(), before + 1);
-        assert_eq!(crate::stack::stuck_captures(), before + 1);
+    fn a_handler_holds_its_thread_no_longer_than_the_hold_and_says_so() {
+        let _one = one_capture_at_a_time();
+        let (tid, spins, stop, spinning) = spinner();
+        let armed = arm(tid).expect("armed");
+        armed.send().expect("sent");
+        armed
+            .held(Instant::now() + Duration::from_secs(5))
+            .unwrap_or_else(|err| panic!("{err}"));
+        let during = spins.load(Ordering::Relaxed);
+        // A caller that is not scheduled for longer than the hold.
+        std::thread::sleep(HOLD * 3);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while spins.load(Ordering::Relaxed) == during {
+            assert!(Instant::now() < deadline, "the thread was never let go");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            !armed.release(),
+            "it left before the release: a copy would be stale"
+        );
+        assert_eq!(STATE.load(Ordering::Acquire), IDLE);
+        stop.store(true, Ordering::Relaxed);
+        spinning.join().unwrap();
+    }
+
+    #[test]
+    fn a_signal_the_application_ignores_or_handles_is_left_alone() {
+        let _one = one_capture_at_a_time();
+        let signal = install().expect("installed");
+        let (tid, _spins, stop, spinning) = spinner();
+        for (disposition, owner) in [(libc::SIG_IGN, "ignored"), (libc::SIG_DFL, "default")] {
+            // SAFETY: all-zero is a valid `sigaction`; `ours` is written by the first
+            // call and put back by the second, so the handler is ours again after.
+            unsafe {
+                let mut ours: libc::sigaction = std::mem::zeroed();
+                let mut theirs: libc::sigaction = std::mem::zeroed();
+                theirs.sa_sigaction = disposition;
+                assert_eq!(libc::sigaction(signal, &theirs, &mut ours), 0);
+                let err = arm(tid).err().expect("refused");
+                assert_eq!(libc::sigaction(signal, &ours, std::ptr::null_mut()), 0);
+                assert!(
+                    matches!(err, Error::SignalTaken { owner: o, .. } if o.contains(owner)),
+                    "{err}"
+                );
+            }
+        }
+        assert_eq!(STATE.load(Ordering::Acquire), IDLE, "never armed");
+        assert!(arm(tid).is_ok(), "ours again");
+        stop.store(true, Ordering::Relaxed);
+        spinning.join().unwrap();
+    }
+
+    #[test]
+    fn only_a_signal_that_can_be_caught_and_reports_no_fault_can_be_chosen() {
+        let installed = install().expect("installed");
+        for signal in [0, -1, libc::SIGRTMAX() + 1, libc::SIGKILL, libc::SIGSEGV] {
+            let err = choose(signal).expect_err("refused");
+            assert!(matches!(err, Error::SignalUnusable { .. }), "{err}");
+        }
+        assert!(choose(installed).is_ok(), "the one in use");
+        let other = if installed == libc::SIGUSR2 {
+            libc::SIGUSR1
+        } else {
+            libc::SIGUSR2
+        };
+        let err = choose(other).expect_err("too late");
+        assert!(err.to_string().contains("before the first"), "{err}");
     }
 }
 
@@ -530,12 +791,18 @@ mod blocked_calls {
 
     #[test]
     fn a_signal_does_interrupt_them_which_is_what_the_count_would_show() {
-        let _serial = SIGNAL_TESTS.lock().unwrap_or_else(|p| p.into_inner());
         let blocked = Blocked::start(Call::Nanosleep);
         let deadline = Instant::now() + Duration::from_secs(10);
         while blocked.interrupted() == 0 {
             assert!(Instant::now() < deadline, "never interrupted");
-            let _ = capture(blocked.tid, Instant::now() + Duration::from_secs(5));
+            {
+                let _one = crate::stack::CAPTURE
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let armed = arm(blocked.tid).expect("armed");
+                armed.send().expect("sent");
+                let _ = armed.held(Instant::now() + Duration::from_secs(5));
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
