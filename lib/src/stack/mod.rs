@@ -173,6 +173,38 @@ pub struct Stack {
     pub left_out: usize,
     /// How it was captured.
     pub method: Method,
+    /// The files whose frames above show addresses or bare names for want of
+    /// symbols, with what resolves them offline.
+    pub missing_symbols: Vec<MissingSymbols>,
+}
+
+/// A file whose frames could not be given files and lines: its executable has no
+/// symbol file beside it (`FILE.gsym`, docs/diagnostics.md) or it has no symbols.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MissingSymbols {
+    /// The file's path.
+    pub file: String,
+    /// Its GNU build id (hex), which names the build whose symbols resolve it.
+    pub build_id: Option<String>,
+    /// The addresses of its frames within the file (as its symbols name them), in
+    /// the stack's order.
+    pub addresses: Vec<u64>,
+}
+
+impl fmt::Display for MissingSymbols {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addresses: Vec<String> = self.addresses.iter().map(|a| format!("{a:#x}")).collect();
+        let addresses = addresses.join(" ");
+        write!(f, "no symbol file for {}", self.file)?;
+        if let Some(id) = &self.build_id {
+            write!(f, " (build id {id})")?;
+        }
+        write!(
+            f,
+            "; its frames are at {addresses}: `addr2line -Cfipe FILE {addresses}` with the \
+             unstripped binary of that build, or `llvm-gsymutil --address=ADDRESS FILE.gsym`"
+        )
+    }
 }
 
 impl Stack {
@@ -196,6 +228,9 @@ impl fmt::Display for Stack {
         }
         if self.left_out > 0 {
             write!(f, "\n     ... {} outer frames left out", self.left_out)?;
+        }
+        for missing in &self.missing_symbols {
+            write!(f, "\n     ({missing})")?;
         }
         match self.method {
             Method::Kernel => f.write_str(
@@ -227,24 +262,21 @@ fn short_path(path: &std::path::Path) -> String {
     path
 }
 
-/// Frees the memory that resolving symbols took (the parsed debug info, up to hundreds
-/// of megabytes for a release binary with compressed debug sections): call it once a
-/// batch of captures is done. The next capture parses the debug info again.
+/// Returns to the kernel the heap that resolving symbols freed: call it once a batch
+/// of captures is done. Resolving keeps nothing between stacks.
 pub fn release_symbols() {
     #[cfg(all(feature = "stack-capture", target_os = "linux"))]
     symbols::release();
 }
 
 /// Captures the native stack of thread `tid` of this process, waiting at most
-/// `timeout` for it, and resolves every frame. The symbolizer's memory stays until
-/// [`release_symbols`].
+/// `timeout` for it, and resolves every frame.
 pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
     capture_until(tid, timeout, |_| false)
 }
 
-/// Like [`capture`], resolving frames from the innermost out only up to the first
-/// that `is_last` picks: resolving is the slow part (each frame's debug info is loaded
-/// on first use), and what lies below a known frame is often the same every time.
+/// Like [`capture`], keeping frames from the innermost out only up to the first that
+/// `is_last` picks: what lies below a known frame is often the same every time.
 /// Symbols are resolved on the calling thread, never in the signal handler.
 pub(crate) fn capture_until(
     tid: u32,
@@ -264,14 +296,16 @@ fn capture_impl(
         parked::Whereabouts::Parked(at) => (unwind_parked(tid, at)?, Method::Kernel),
         parked::Whereabouts::Running => (signalled(tid, deadline)?, Method::Signal),
     };
+    let started = Instant::now();
+    // All at once: each file's symbols are opened once per stack.
+    let lookups: Vec<(usize, usize)> = addresses.iter().map(|a| (a.ip, a.lookup)).collect();
+    let symbols = symbols::resolve(&lookups);
     let mut frames = Vec::new();
     let mut resolved = 0;
-    let started = Instant::now();
-    for address in &addresses {
-        let before = frames.len();
-        symbolize(address.ip, address.lookup, &mut frames);
+    for address_frames in &symbols.frames {
+        frames.extend_from_slice(address_frames);
         resolved += 1;
-        if frames[before..].iter().any(is_last) {
+        if address_frames.iter().any(is_last) {
             break;
         }
     }
@@ -290,6 +324,7 @@ fn capture_impl(
         frames,
         left_out: addresses.len() - resolved,
         method,
+        missing_symbols: symbols.missing(resolved),
     })
 }
 
@@ -355,18 +390,16 @@ fn signalled(tid: u32, deadline: Instant) -> Result<Vec<parked::Address>, Error>
 /// pointer is not known; all of them when the trampoline is not found either.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn after_trampoline(ips: &[usize]) -> &[usize] {
-    let mut frames = Vec::new();
-    for (n, &ip) in ips.iter().enumerate() {
-        frames.clear();
-        symbolize(ip, ip, &mut frames);
-        if frames
+    let lookups: Vec<(usize, usize)> = ips.iter().map(|&ip| (ip, ip)).collect();
+    let symbols = symbols::resolve(&lookups);
+    match symbols.frames.iter().position(|frames| {
+        frames
             .iter()
             .any(|f| f.function.as_deref() == Some("__restore_rt"))
-        {
-            return &ips[n + 1..];
-        }
+    }) {
+        Some(n) => &ips[n + 1..],
+        None => ips,
     }
-    ips
 }
 
 #[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
@@ -380,29 +413,6 @@ fn capture_impl(
     } else {
         "only on Linux"
     }))
-}
-
-/// Appends the frames of `ip`, looked up by `lookup`: more than one when calls were
-/// inlined there, innermost first; one without a name when it resolves to nothing.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn symbolize(ip: usize, lookup: usize, frames: &mut Vec<Frame>) {
-    let before = frames.len();
-    backtrace::resolve(std::ptr::without_provenance_mut(lookup), |symbol| {
-        frames.push(Frame {
-            ip,
-            function: symbol.name().map(|name| format!("{name:#}")),
-            file: symbol.filename().map(short_path),
-            line: symbol.lineno(),
-        });
-    });
-    if frames.len() == before {
-        frames.push(Frame {
-            ip,
-            function: None,
-            file: None,
-            line: None,
-        });
-    }
 }
 
 /// What is known of one thread at a hang: its stack where it could be captured, its
