@@ -146,7 +146,10 @@ fn the_shipped_binary_and_its_symbol_file_fit_their_budgets() {
     let (alone, symbols) = (size(binary), size(&binary.with_extension("gsym")));
     eprintln!("shipped: binary {alone} bytes, symbol file {symbols} bytes");
     assert!(alone <= BINARY_BUDGET, "binary {alone} bytes");
-    assert!(alone + symbols <= SHIPPED_BUDGET, "{alone} + {symbols} bytes");
+    assert!(
+        alone + symbols <= SHIPPED_BUDGET,
+        "{alone} + {symbols} bytes"
+    );
     // What the symbol file is matched by: the binary keeps its build id.
     let elf = std::fs::read(binary).unwrap();
     assert_eq!(build_id(&elf).len(), 40, "a 20-byte build id");
@@ -277,7 +280,10 @@ fn a_binary_without_symbols_reports_addresses_and_its_build_id() {
         note.contains(&format!("(build id {id})")),
         "not build id {id}: {note}"
     );
-    assert!(note.contains("addr2line -Cfipe"), "no offline command: {note}");
+    assert!(
+        note.contains("addr2line -Cfipe"),
+        "no offline command: {note}"
+    );
     // Frames of the binary are addresses: every file-relative one the note lists.
     let listed = note
         .split_once("its frames are at ")

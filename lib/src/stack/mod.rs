@@ -297,18 +297,11 @@ fn capture_impl(
         parked::Whereabouts::Running => (signalled(tid, deadline)?, Method::Signal),
     };
     let started = Instant::now();
-    // All at once: each file's symbols are opened once per stack.
+    // Each file's symbols are opened once per stack.
     let lookups: Vec<(usize, usize)> = addresses.iter().map(|a| (a.ip, a.lookup)).collect();
-    let symbols = symbols::resolve(&lookups);
-    let mut frames = Vec::new();
-    let mut resolved = 0;
-    for address_frames in &symbols.frames {
-        frames.extend_from_slice(address_frames);
-        resolved += 1;
-        if address_frames.iter().any(is_last) {
-            break;
-        }
-    }
+    let symbols = symbols::resolve(&lookups, is_last);
+    let resolved = symbols.frames.len();
+    let frames: Vec<Frame> = symbols.frames.iter().flatten().cloned().collect();
     // What a stack costs the monitor, for docs/performance.md.
     tracing::debug!(
         target: "reconcile_watchdog::stack",
@@ -391,14 +384,11 @@ fn signalled(tid: u32, deadline: Instant) -> Result<Vec<parked::Address>, Error>
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn after_trampoline(ips: &[usize]) -> &[usize] {
     let lookups: Vec<(usize, usize)> = ips.iter().map(|&ip| (ip, ip)).collect();
-    let symbols = symbols::resolve(&lookups);
-    match symbols.frames.iter().position(|frames| {
-        frames
-            .iter()
-            .any(|f| f.function.as_deref() == Some("__restore_rt"))
-    }) {
-        Some(n) => &ips[n + 1..],
-        None => ips,
+    let is_trampoline = |f: &Frame| f.function.as_deref() == Some("__restore_rt");
+    let symbols = symbols::resolve(&lookups, &is_trampoline);
+    match symbols.frames.last() {
+        Some(frames) if frames.iter().any(is_trampoline) => &ips[symbols.frames.len()..],
+        _ => ips,
     }
 }
 

@@ -85,85 +85,91 @@ impl Resolved {
     }
 }
 
-/// Resolves each `(ip, lookup)` pair: the frame is shown at `ip` and looked up at
-/// `lookup` (a return address less one, so that it falls in the call).
-pub(super) fn resolve(addresses: &[(usize, usize)]) -> Resolved {
+/// Resolves `(ip, lookup)` pairs from the innermost out, up to and with the first
+/// whose frames `is_last` picks: the frame is shown at `ip` and looked up at `lookup`
+/// (a return address less one, so that it falls in the call). What lies below is left
+/// alone: the runtime's outer functions inline most of it, and their inline trees are
+/// the largest part of the symbol file that a lookup would read.
+pub(super) fn resolve(addresses: &[(usize, usize)], is_last: &dyn Fn(&Frame) -> bool) -> Resolved {
     let maps = Maps::read().unwrap_or_default();
     let mut files: Vec<MappedFile> = Vec::new();
-    let mut places = vec![None; addresses.len()];
-    let mut frames: Vec<Vec<Frame>> = vec![Vec::new(); addresses.len()];
-    // By file: which addresses lie in it, and at what address within it.
-    let mut by_file: Vec<(String, Vec<(usize, u64)>)> = Vec::new();
-    for (at, &(_, lookup)) in addresses.iter().enumerate() {
-        let Some((path, offset)) = maps.file_offset(lookup as u64) else {
-            continue;
-        };
-        match by_file.iter_mut().find(|(p, _)| p == path) {
-            Some((_, list)) => list.push((at, offset)),
-            None => by_file.push((path.to_owned(), vec![(at, offset)])),
-        }
-    }
+    // Per file in `files`: where its segments lie in it, or nothing if unreadable.
+    let mut facts: Vec<Option<ElfFacts>> = Vec::new();
+    let mut places = Vec::with_capacity(addresses.len());
+    let mut frames: Vec<Vec<Frame>> = Vec::with_capacity(addresses.len());
     // Built per batch and dropped with it: its mappings and tables go too.
     let symbolizer = Symbolizer::builder()
         .set_debug_dirs(Option::<&[&Path]>::None)
         .build();
     let executable = std::env::current_exe().ok();
-    for (path, list) in by_file {
-        let Some(file) = ElfFacts::read(Path::new(&path)) else {
-            continue;
-        };
-        let index = files.len();
-        let mut in_file = Vec::with_capacity(list.len());
-        for &(at, offset) in &list {
-            if let Some(address) = file.address_of(offset) {
-                places[at] = Some((index, address));
-                in_file.push((at, address));
-            }
-        }
-        let gsym = PathBuf::from(format!("{path}.gsym"));
-        let source = if file.build_id.is_some() && gsym_uuid(&gsym) == file.build_id {
-            SymbolSource::SymbolFile
-        } else if file.plain_dwarf {
-            SymbolSource::Dwarf
-        } else {
-            SymbolSource::SymbolTable
-        };
-        let lookups: Vec<u64> = in_file.iter().map(|&(_, address)| address).collect();
-        let by_table = lookup(&symbolizer, &elf_source(&path, false), &lookups);
-        let detailed = match source {
-            SymbolSource::SymbolFile => lookup(&symbolizer, &GsymFile::new(&gsym).into(), &lookups),
-            SymbolSource::Dwarf => lookup(&symbolizer, &elf_source(&path, true), &lookups),
-            SymbolSource::SymbolTable => Vec::new(),
-        };
-        for (n, &(at, _)) in in_file.iter().enumerate() {
-            let ip = addresses[at].0;
-            let table = by_table.get(n).and_then(Symbolized::as_sym);
-            match detailed.get(n).and_then(Symbolized::as_sym) {
-                Some(sym) => frames[at] = frames_of(ip, sym, table),
+    for &(ip, lookup_at) in addresses {
+        let mut found = Vec::new();
+        let mut place = None;
+        if let Some((path, offset)) = maps.file_offset(lookup_at as u64) {
+            let index = match files.iter().position(|f| f.path == path) {
+                Some(index) => index,
                 None => {
-                    if let Some(sym) = table {
-                        frames[at] = frames_of(ip, sym, None);
+                    let read = ElfFacts::read(Path::new(path));
+                    let source = match &read {
+                        Some(elf)
+                            if elf.build_id.is_some()
+                                && gsym_uuid(&gsym_path(path)) == elf.build_id =>
+                        {
+                            SymbolSource::SymbolFile
+                        }
+                        Some(elf) if elf.plain_dwarf => SymbolSource::Dwarf,
+                        _ => SymbolSource::SymbolTable,
+                    };
+                    files.push(MappedFile {
+                        path: path.to_owned(),
+                        build_id: read.as_ref().and_then(|elf| elf.build_id.clone()),
+                        source,
+                        executable: executable
+                            .as_deref()
+                            .is_some_and(|exe| exe == Path::new(path)),
+                    });
+                    facts.push(read);
+                    files.len() - 1
+                }
+            };
+            if let Some(address) = facts[index].as_ref().and_then(|f| f.address_of(offset)) {
+                place = Some((index, address));
+                let file = &files[index];
+                let at = [address];
+                let table = lookup(&symbolizer, &elf_source(&file.path, false), &at);
+                let table = table.first().and_then(Symbolized::as_sym);
+                let detailed = match file.source {
+                    SymbolSource::SymbolFile => lookup(
+                        &symbolizer,
+                        &GsymFile::new(gsym_path(&file.path)).into(),
+                        &at,
+                    ),
+                    SymbolSource::Dwarf => lookup(&symbolizer, &elf_source(&file.path, true), &at),
+                    SymbolSource::SymbolTable => Vec::new(),
+                };
+                match detailed.first().and_then(Symbolized::as_sym) {
+                    Some(sym) => found = frames_of(ip, sym, table),
+                    None => {
+                        if let Some(sym) = table {
+                            found = frames_of(ip, sym, None);
+                        }
                     }
                 }
             }
         }
-        files.push(MappedFile {
-            executable: executable
-                .as_deref()
-                .is_some_and(|exe| exe == Path::new(&path)),
-            path,
-            build_id: file.build_id,
-            source,
-        });
-    }
-    for (at, list) in frames.iter_mut().enumerate() {
-        if list.is_empty() {
-            list.push(Frame {
-                ip: addresses[at].0,
+        if found.is_empty() {
+            found.push(Frame {
+                ip,
                 function: None,
                 file: None,
                 line: None,
             });
+        }
+        let last = found.iter().any(is_last);
+        frames.push(found);
+        places.push(place);
+        if last {
+            break;
         }
     }
     Resolved {
@@ -171,6 +177,11 @@ pub(super) fn resolve(addresses: &[(usize, usize)]) -> Resolved {
         places,
         files,
     }
+}
+
+/// Where the symbol file of the file at `path` is: beside it, named after it.
+fn gsym_path(path: &str) -> PathBuf {
+    PathBuf::from(format!("{path}.gsym"))
 }
 
 fn elf_source(path: &str, debug_syms: bool) -> Source<'static> {
@@ -308,7 +319,11 @@ fn parse_mapping(line: &str) -> Option<(std::ops::Range<u64>, u64, String)> {
         return None;
     }
     let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
-    Some((range, u64::from_str_radix(offset, 16).ok()?, path.to_owned()))
+    Some((
+        range,
+        u64::from_str_radix(offset, 16).ok()?,
+        path.to_owned(),
+    ))
 }
 
 /// Returns the heap that symbolization freed to the kernel.
@@ -340,9 +355,16 @@ mod tests {
         let line = "7f12a000-7f12c000 r-xp 00028000 08:01 1234   /usr/lib/libc.so.6";
         assert_eq!(
             parse_mapping(line),
-            Some((0x7f12a000..0x7f12c000, 0x28000, "/usr/lib/libc.so.6".to_owned()))
+            Some((
+                0x7f12a000..0x7f12c000,
+                0x28000,
+                "/usr/lib/libc.so.6".to_owned()
+            ))
         );
-        assert_eq!(parse_mapping("7f0-7f1 r-xp 00000000 00:00 0   [vdso]"), None);
+        assert_eq!(
+            parse_mapping("7f0-7f1 r-xp 00000000 00:00 0   [vdso]"),
+            None
+        );
         assert_eq!(parse_mapping("7f0-7f1 r-xp 00000000 00:00 0"), None);
         assert_eq!(
             parse_mapping("7f0-7f1 r-xp 00000000 08:01 9 /opt/op (deleted)"),
@@ -353,7 +375,7 @@ mod tests {
     #[test]
     fn a_function_of_this_binary_is_named() {
         let ip = a_function_of_this_binary_is_named as *const () as usize;
-        let resolved = resolve(&[(ip, ip)]);
+        let resolved = resolve(&[(ip, ip)], &|_| false);
         let frames = &resolved.frames[0];
         assert!(
             frames.iter().any(|f| f
@@ -368,7 +390,7 @@ mod tests {
 
     #[test]
     fn an_address_in_no_file_is_a_frame_without_a_name() {
-        let resolved = resolve(&[(0x10, 0x10)]);
+        let resolved = resolve(&[(0x10, 0x10)], &|_| false);
         assert_eq!(resolved.frames[0].len(), 1);
         assert_eq!(resolved.frames[0][0].function, None);
         assert_eq!(resolved.frames[0][0].ip, 0x10);
