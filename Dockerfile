@@ -10,18 +10,27 @@
 # Build stage: the official Rust image on Debian trixie carries gcc and the glibc
 # headers, all that ring (kube's rustls backend, the only C compiled) needs.
 FROM rust:1.95-slim-trixie AS build
+# llvm-gsymutil and llvm-objcopy make the shipped layout (tools/ship-symbols.sh): the
+# binary without debug sections and its GSYM symbol file, which hang reports' stacks are
+# resolved from in a few pages of memory (docs/diagnostics.md, "Symbols").
+# Not pinned (DL3008): the base image's Debian release fixes the version.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends llvm \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 # The caches speed up rebuilds; the binary is copied out of the cached target dir.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin reconcile-watchdog \
-    && cp target/release/reconcile-watchdog /reconcile-watchdog
+    && bash tools/ship-symbols.sh target/release/reconcile-watchdog /shipped
 
 # Run stage: distroless "cc" is glibc, libgcc_s and CA certificates, no shell and no
 # package manager; the same Debian release as the build stage.
 FROM gcr.io/distroless/cc-debian13:nonroot
-COPY --from=build /reconcile-watchdog /usr/local/bin/reconcile-watchdog
+# The symbol file must lie beside the binary, named after it.
+COPY --from=build /shipped/reconcile-watchdog /shipped/reconcile-watchdog.gsym /usr/local/bin/
 # Numeric, so that the kubelet can enforce runAsNonRoot without reading /etc/passwd.
 USER 65532:65532
 # 8081: probes (/healthz, /readyz); 8080: Prometheus /metrics.

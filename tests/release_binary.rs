@@ -1,14 +1,17 @@
-//! The release binary as it ships: compressed debug sections that the symbolizer still
-//! reads, so a blocked reconcile's report names function, file and line, with paths
-//! relative to the repository wherever it was built.
+//! The release binary as it ships: without debug sections, beside its GSYM symbol file
+//! (`tools/ship-symbols.sh`, as the Dockerfile makes it), so that a blocked reconcile's
+//! report names function, file and line, with paths relative to the repository wherever
+//! it was built, at a peak memory near an awaiting hang's; and without its symbols,
+//! a report of addresses and the build id.
 //!
 //! It tests the binary that `RECONCILE_WATCHDOG_RELEASE_BIN` names: `.ci/test` builds it
 //! once with `cargo build --release --locked` and runs this test explicitly (it is not
 //! part of `cargo test --all-targets`, whose builds are debug builds).
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// How long any eventual outcome may take: generous, for a busy two-core machine.
@@ -35,8 +38,33 @@ fn release_binary() -> String {
     })
 }
 
-/// The ELF section headers of `elf` as (name, flags); 64-bit little-endian only.
-fn sections(elf: &[u8]) -> Vec<(String, u64)> {
+/// The shipped layout of the release binary, made once: `tools/ship-symbols.sh` strips
+/// its debug sections and writes `reconcile-watchdog.gsym` beside it.
+fn shipped_binary() -> &'static Path {
+    static SHIPPED: OnceLock<PathBuf> = OnceLock::new();
+    SHIPPED.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shipped");
+        let status = Command::new("bash")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/ship-symbols.sh"))
+            .arg(release_binary())
+            .arg(&out)
+            .status()
+            .expect("bash runs");
+        assert!(status.success(), "tools/ship-symbols.sh failed: {status}");
+        out.join("reconcile-watchdog")
+    })
+}
+
+/// One ELF section header: name, flags, file offset and size.
+struct Section {
+    name: String,
+    flags: u64,
+    offset: usize,
+    size: usize,
+}
+
+/// The ELF section headers of `elf`; 64-bit little-endian only.
+fn sections(elf: &[u8]) -> Vec<Section> {
     let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap());
     let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap());
     let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
@@ -56,8 +84,30 @@ fn sections(elf: &[u8]) -> Vec<(String, u64)> {
             let start = names + to_usize(u64::from(u32_at(header(i))));
             let len = elf[start..].iter().position(|&b| b == 0).unwrap();
             let name = String::from_utf8_lossy(&elf[start..start + len]).into_owned();
-            (name, u64_at(header(i) + 8))
+            Section {
+                name,
+                flags: u64_at(header(i) + 8),
+                offset: to_usize(u64_at(header(i) + 0x18)),
+                size: to_usize(u64_at(header(i) + 0x20)),
+            }
         })
+        .collect()
+}
+
+/// The GNU build id of `elf` in hex, from its `.note.gnu.build-id` note.
+fn build_id(elf: &[u8]) -> String {
+    let note = sections(elf)
+        .into_iter()
+        .find(|s| s.name == ".note.gnu.build-id")
+        .expect("a build id note");
+    let note = &elf[note.offset..note.offset + note.size];
+    // namesz, descsz, type, then the name "GNU\0" and the id.
+    let name_size = u32::from_le_bytes(note[0..4].try_into().unwrap()) as usize;
+    let id_size = u32::from_le_bytes(note[4..8].try_into().unwrap()) as usize;
+    let id_start = 12 + name_size.next_multiple_of(4);
+    note[id_start..id_start + id_size]
+        .iter()
+        .map(|b| format!("{b:02x}"))
         .collect()
 }
 
@@ -71,37 +121,58 @@ fn the_debug_sections_are_compressed() {
     let elf = std::fs::read(release_binary()).expect("the release binary is readable");
     let debug: Vec<_> = sections(&elf)
         .into_iter()
-        .filter(|(name, flags)| name.starts_with(".debug_") && flags & ALLOC == 0)
+        .filter(|s| s.name.starts_with(".debug_") && s.flags & ALLOC == 0)
         .collect();
-    assert!(
-        debug.iter().any(|(name, _)| name == ".debug_line"),
-        "no line tables: {debug:?}"
-    );
+    let names: Vec<_> = debug.iter().map(|s| s.name.as_str()).collect();
+    assert!(names.contains(&".debug_line"), "no line tables: {names:?}");
     let plain: Vec<_> = debug
         .iter()
-        .filter(|(_, flags)| flags & COMPRESSED == 0)
+        .filter(|s| s.flags & COMPRESSED == 0)
+        .map(|s| s.name.as_str())
         .collect();
     assert!(plain.is_empty(), "uncompressed debug sections: {plain:?}");
 }
 
+/// The budgets of docs/performance.md for what ships: the binary, and the binary with its
+/// symbol file.
+const BINARY_BUDGET: u64 = 40_000_000;
+const SHIPPED_BUDGET: u64 = 60_000_000;
+
 #[test]
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
-    let mut demo = Command::new(release_binary())
-        .args(["demo", "--log-format=json", "--duration=5m"])
+#[cfg(target_os = "linux")]
+fn the_shipped_binary_and_its_symbol_file_fit_their_budgets() {
+    let binary = shipped_binary();
+    let size = |path: &Path| std::fs::metadata(path).expect("it was written").len();
+    let (alone, symbols) = (size(binary), size(&binary.with_extension("gsym")));
+    eprintln!("shipped: binary {alone} bytes, symbol file {symbols} bytes");
+    assert!(alone <= BINARY_BUDGET, "binary {alone} bytes");
+    assert!(
+        alone + symbols <= SHIPPED_BUDGET,
+        "{alone} + {symbols} bytes"
+    );
+    // What the symbol file is matched by: the binary keeps its build id.
+    let elf = std::fs::read(binary).unwrap();
+    assert_eq!(build_id(&elf).len(), 40, "a 20-byte build id");
+}
+
+/// `demo` of `binary` with one reconcile hanging as `kind` and these timings, its JSON
+/// log events sent to the receiver.
+fn demo(
+    binary: &Path,
+    kind: &str,
+    timings: &[&str],
+) -> (Killed, mpsc::Receiver<serde_json::Value>) {
+    let mut demo = Command::new(binary)
+        .args(["demo", "--log-format=json", "--duration=10m"])
         .args([
             "--health-probe-bind-address=127.0.0.1:0",
             "--metrics-bind-address=0",
             // The tests run at once: none may take the default debug port.
             "--debug-bind-address=0",
         ])
-        .args([
-            "--hang-kind=block",
-            "--hang-after=500ms",
-            "--reconcile-deadline=1s",
-        ])
-        .args(["--watchdog-interval=100ms", "--stack-capture-after=500ms"])
-        .env_remove("RUST_LOG")
+        .arg(format!("--hang-kind={kind}"))
+        .args(timings)
+        .env("RUST_LOG", "info,reconcile_watchdog::stack=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -117,23 +188,45 @@ fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
             }
         }
     });
-    let field = |e: &serde_json::Value, key: &str| e[key].as_str().unwrap_or_default().to_owned();
+    (demo, received)
+}
+
+/// One block hang, reported once with its stack.
+const ONE_BLOCK_HANG: &[&str] = &[
+    "--hang-after=500ms",
+    "--reconcile-deadline=1s",
+    "--watchdog-interval=100ms",
+    "--stack-capture-after=500ms",
+];
+
+fn field(event: &serde_json::Value, key: &str) -> String {
+    event[key].as_str().unwrap_or_default().to_owned()
+}
+
+/// The stack of the first report of `demo/cert-7` blocked inside its poll.
+fn blocked_stack(received: &mpsc::Receiver<serde_json::Value>) -> String {
     let start = Instant::now();
-    let hung = loop {
+    loop {
         let left = PATIENCE.saturating_sub(start.elapsed());
         let event = received
             .recv_timeout(left)
             .unwrap_or_else(|e| panic!("no block hang report within {PATIENCE:?}: {e}"));
         // Another reconcile queued behind the blocked worker may be reported (awaiting)
-        // as well; this test is about the one blocked inside its poll.
+        // as well; this is about the one blocked inside its poll.
         if field(&event, "message").starts_with("reconcile hung:")
             && field(&event, "object") == "demo/cert-7"
             && field(&event, "state") == "in-poll"
         {
-            break event;
+            return field(&event, "stack");
         }
-    };
-    let stack = field(&hung, "stack");
+    }
+}
+
+#[test]
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
+    let (_demo, received) = demo(shipped_binary(), "block", ONE_BLOCK_HANG);
+    let stack = blocked_stack(&received);
     // A frame reads `N: function at file:line`; the blocking one is in src/demo.rs.
     let blocked = stack
         .lines()
@@ -146,6 +239,12 @@ fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
         location.parse::<u32>().is_ok_and(|line| line > 0),
         "no line number: {blocked}"
     );
+    // The lock it waits in was inlined into it: named, with the standard library's file.
+    assert!(
+        stack.contains("lock<()> at rust/library/std/src/sync/poison/mutex.rs:"),
+        "no inlined frame of the lock:\n{stack}"
+    );
+    assert!(!stack.contains("no symbol file"), "{stack}");
     // No frame carries the build machine's folders: the checkout is remapped away, the
     // toolchain's and the registry's folders are shortened by the report itself.
     let absolute: Vec<_> = stack
@@ -156,68 +255,84 @@ fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
     assert!(absolute.is_empty(), "absolute paths: {absolute:?}\n{stack}");
 }
 
-/// The resident memory of process `pid`, from `/proc/PID/status`.
+#[test]
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn a_binary_without_symbols_reports_addresses_and_its_build_id() {
+    // The shipped binary with its symbol table stripped too, and no symbol file beside.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("without-symbols");
+    std::fs::create_dir_all(&dir).unwrap();
+    let stripped = dir.join("reconcile-watchdog");
+    let status = Command::new("strip")
+        .arg(shipped_binary())
+        .arg("-o")
+        .arg(&stripped)
+        .status()
+        .expect("strip runs");
+    assert!(status.success(), "strip failed: {status}");
+    let id = build_id(&std::fs::read(&stripped).unwrap());
+    let (mut demo, received) = demo(&stripped, "block", ONE_BLOCK_HANG);
+    let stack = blocked_stack(&received);
+    let note = stack
+        .lines()
+        .find(|l| l.contains("no symbol file for"))
+        .unwrap_or_else(|| panic!("no note of the missing symbols:\n{stack}"));
+    assert!(
+        note.contains(&format!("(build id {id})")),
+        "not build id {id}: {note}"
+    );
+    assert!(
+        note.contains("addr2line -Cfipe"),
+        "no offline command: {note}"
+    );
+    // Frames of the binary are addresses: every file-relative one the note lists.
+    let listed = note
+        .split_once("its frames are at ")
+        .and_then(|(_, rest)| rest.split_once(':'))
+        .map(|(addresses, _)| addresses.split(' ').collect::<Vec<_>>())
+        .unwrap_or_default();
+    assert!(
+        !listed.is_empty() && listed.iter().all(|a| a.starts_with("0x")),
+        "{note}"
+    );
+    assert!(demo.0.try_wait().unwrap().is_none(), "the demo exited");
+}
+
+/// A figure of `/proc/PID/status` in bytes: `VmRSS:` (resident now) or `VmHWM:` (the
+/// peak resident so far).
 #[cfg(target_os = "linux")]
-fn resident(pid: u32) -> u64 {
+fn status_bytes(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("a VmRSS line");
+        .unwrap_or_else(|| panic!("a {key} line"));
     kib * 1024
 }
 
-/// The budget of docs/performance.md: resident memory after any number of stack
-/// captures within this much of the memory at rest.
+/// The budget of docs/performance.md: peak resident memory with any number of stack
+/// captures within this much of the same run whose hangs capture none.
 const CAPTURE_MEMORY_BUDGET: u64 = 24 * 1024 * 1024;
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn resident_memory_after_a_hundred_captures_stays_near_rest() {
-    // A block hang every 1.2 s, each a new stuck poll with a stack of its own (about
-    // two minutes for a hundred).
-    let mut demo = Command::new(release_binary())
-        .args(["demo", "--log-format=json", "--duration=10m"])
-        .args([
-            "--health-probe-bind-address=127.0.0.1:0",
-            "--metrics-bind-address=0",
-            // The tests run at once: none may take the default debug port.
-            "--debug-bind-address=0",
-        ])
-        .args([
-            "--hang-kind=block",
-            "--hang-after=600ms",
-            "--hang-for=600ms",
-            "--hang-times=1000",
-            "--reconcile-deadline=300ms",
-        ])
-        .args(["--watchdog-interval=50ms", "--stack-capture-after=150ms"])
+fn peak_memory_over_a_hundred_captures_stays_near_an_awaiting_hang() {
+    // A hang every 1.2 s; each block hang a new stuck poll with a stack of its own
+    // (about two minutes for a hundred). The awaiting run hangs the same, captures none.
+    let timings = [
+        "--hang-after=600ms",
+        "--hang-for=600ms",
+        "--hang-times=1000",
+        "--reconcile-deadline=300ms",
+        "--watchdog-interval=50ms",
+        "--stack-capture-after=150ms",
         // Each report of its own carries a stack: none may go to a summary.
-        .args([
-            "--hang-report-burst=1000",
-            "--hang-reports-per-minute=60000",
-        ])
-        .env("RUST_LOG", "info,reconcile_watchdog::stack=debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map(Killed)
-        .expect("the release binary starts");
-    let pid = demo.0.id();
-    let (events, received) = mpsc::channel();
-    let logs = BufReader::new(demo.0.stderr.take().unwrap());
-    std::thread::spawn(move || {
-        for line in logs.lines().map_while(Result::ok) {
-            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
-                let _ = events.send(event);
-            }
-        }
-    });
-    // At rest: before the first hang.
-    std::thread::sleep(Duration::from_millis(400));
-    let rest = resident(pid);
+        "--hang-report-burst=1000",
+        "--hang-reports-per-minute=60000",
+    ];
+    let (blocking, received) = demo(shipped_binary(), "block", &timings);
+    let (awaiting, _) = demo(shipped_binary(), "await", &timings);
+    let (blocking_pid, awaiting_pid) = (blocking.0.id(), awaiting.0.id());
     let mut captures = 0;
     let mut took_ms = Vec::new();
     let start = Instant::now();
@@ -232,18 +347,22 @@ fn resident_memory_after_a_hundred_captures_stays_near_rest() {
             took_ms.push(us / 1000);
             captures += 1;
             if [1, 10, 100].contains(&captures) {
-                // The scan releases the symbolizer's memory once its reports are written.
-                std::thread::sleep(Duration::from_millis(300));
-                let now = resident(pid);
+                // The peak so far includes this capture's; the awaiting run's is its
+                // peak with as many hangs reported.
+                let peak = status_bytes(blocking_pid, "VmHWM:");
+                let awaiting_peak = status_bytes(awaiting_pid, "VmHWM:");
+                let now = status_bytes(blocking_pid, "VmRSS:");
                 eprintln!(
-                    "resident after capture {captures}: {} MiB (rest {} MiB); symbolization took {} ms",
-                    now / (1024 * 1024),
-                    rest / (1024 * 1024),
+                    "after capture {captures}: peak {} KiB (awaiting run's peak {} KiB), \
+                     resident {} KiB; symbolization took {} ms",
+                    peak / 1024,
+                    awaiting_peak / 1024,
+                    now / 1024,
                     took_ms.last().unwrap()
                 );
                 assert!(
-                    now <= rest + CAPTURE_MEMORY_BUDGET,
-                    "resident {now} bytes after capture {captures}, rest {rest}: over the budget"
+                    peak <= awaiting_peak + CAPTURE_MEMORY_BUDGET,
+                    "peak {peak} bytes by capture {captures}, awaiting {awaiting_peak}: over the budget"
                 );
             }
         }

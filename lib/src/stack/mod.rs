@@ -213,6 +213,38 @@ pub struct Stack {
     /// frame without unwind information, a frame pointer or return address that leads
     /// out of the stack): the frames shown are still right.
     pub stopped_early: Option<String>,
+    /// The files whose frames above show addresses or bare names for want of
+    /// symbols, with what resolves them offline.
+    pub missing_symbols: Vec<MissingSymbols>,
+}
+
+/// A file whose frames could not be given files and lines: its executable has no
+/// symbol file beside it (`FILE.gsym`, docs/diagnostics.md) or it has no symbols.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MissingSymbols {
+    /// The file's path.
+    pub file: String,
+    /// Its GNU build id (hex), which names the build whose symbols resolve it.
+    pub build_id: Option<String>,
+    /// The addresses of its frames within the file (as its symbols name them), in
+    /// the stack's order.
+    pub addresses: Vec<u64>,
+}
+
+impl fmt::Display for MissingSymbols {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addresses: Vec<String> = self.addresses.iter().map(|a| format!("{a:#x}")).collect();
+        let addresses = addresses.join(" ");
+        write!(f, "no symbol file for {}", self.file)?;
+        if let Some(id) = &self.build_id {
+            write!(f, " (build id {id})")?;
+        }
+        write!(
+            f,
+            "; its frames are at {addresses}: `addr2line -Cfipe FILE {addresses}` with the \
+             unstripped binary of that build, or `llvm-gsymutil --address=ADDRESS FILE.gsym`"
+        )
+    }
 }
 
 impl Stack {
@@ -239,6 +271,9 @@ impl fmt::Display for Stack {
         }
         if let Some(reason) = &self.stopped_early {
             write!(f, "\n     ({reason})")?;
+        }
+        for missing in &self.missing_symbols {
+            write!(f, "\n     ({missing})")?;
         }
         match self.method {
             Method::Kernel => f.write_str(
@@ -270,17 +305,15 @@ fn short_path(path: &std::path::Path) -> String {
     path
 }
 
-/// Frees the memory that resolving symbols took (the parsed debug info, up to hundreds
-/// of megabytes for a release binary with compressed debug sections): call it once a
-/// batch of captures is done. The next capture parses the debug info again.
+/// Returns to the kernel the heap that resolving symbols freed: call it once a batch
+/// of captures is done. Resolving keeps nothing between stacks.
 pub fn release_symbols() {
     #[cfg(all(feature = "stack-capture", target_os = "linux"))]
     symbols::release();
 }
 
 /// Captures the native stack of thread `tid` of this process, waiting at most
-/// `timeout` for it, and resolves every frame. The symbolizer's memory stays until
-/// [`release_symbols`].
+/// `timeout` for it, and resolves every frame.
 pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
     capture_until(tid, timeout, |_| false)
 }
@@ -312,9 +345,8 @@ pub fn set_capture_signal(signal: i32) -> Result<(), Error> {
     }
 }
 
-/// Like [`capture`], resolving frames from the innermost out only up to the first
-/// that `is_last` picks: resolving is the slow part (each frame's debug info is loaded
-/// on first use), and what lies below a known frame is often the same every time.
+/// Like [`capture`], keeping frames from the innermost out only up to the first that
+/// `is_last` picks: what lies below a known frame is often the same every time.
 /// Symbols are resolved on the calling thread, never in the signal handler.
 pub(crate) fn capture_until(
     tid: u32,
@@ -356,20 +388,15 @@ fn capture_impl(
     };
     drop(unwinder);
     let addresses = &unwound.addresses;
-    let mut frames = Vec::new();
-    let mut resolved = 0;
     let started = Instant::now();
-    for (n, address) in addresses.iter().enumerate() {
-        let before = frames.len();
-        symbolize(address.ip, address.lookup, &mut frames);
-        if n == 0 {
-            line_of_the_next_statement(address.lookup, &mut frames);
-        }
-        resolved += 1;
-        if frames[before..].iter().any(is_last) {
-            break;
-        }
+    // Each file's symbols are opened once per stack.
+    let lookups: Vec<(usize, usize)> = addresses.iter().map(|a| (a.ip, a.lookup)).collect();
+    let mut symbols = symbols::resolve(&lookups, is_last);
+    if let (Some(first), Some(innermost)) = (addresses.first(), symbols.frames.first_mut()) {
+        line_of_the_next_statement(first.lookup, innermost);
     }
+    let resolved = symbols.frames.len();
+    let frames: Vec<Frame> = symbols.frames.iter().flatten().cloned().collect();
     // What a stack costs the monitor, for docs/performance.md.
     tracing::debug!(
         target: "reconcile_watchdog::stack",
@@ -388,6 +415,7 @@ fn capture_impl(
         stopped_early: unwound
             .stopped_early
             .filter(|_| !ends_at_a_thread_entry(addresses)),
+        missing_symbols: symbols.missing(resolved),
     })
 }
 
@@ -407,18 +435,14 @@ fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
     if innermost.line.is_some() || innermost.file.is_none() {
         return;
     }
-    let mut next = Vec::new();
-    for offset in 1..=NEXT_LINE_SEARCH {
-        next.clear();
-        symbolize(pc, pc.saturating_add(offset), &mut next);
-        if let Some(found) = next.last()
-            && found.function == innermost.function
-            && found.file == innermost.file
-            && found.line.is_some()
-        {
-            innermost.line = found.line;
-            return;
-        }
+    let lookups: Vec<(usize, usize)> = (1..=NEXT_LINE_SEARCH)
+        .map(|offset| (pc, pc.saturating_add(offset)))
+        .collect();
+    let next = symbols::resolve(&lookups, &|_| false);
+    if let Some(found) = next.frames.iter().filter_map(|frames| frames.last()).find(|found| {
+        found.function == innermost.function && found.file == innermost.file && found.line.is_some()
+    }) {
+        innermost.line = found.line;
     }
 }
 
@@ -442,9 +466,8 @@ fn ends_at_a_thread_entry(addresses: &[parked::Address]) -> bool {
     let Some(last) = addresses.last() else {
         return false;
     };
-    let mut frames = Vec::new();
-    symbolize(last.ip, last.lookup, &mut frames);
-    frames.iter().any(|frame| {
+    let resolved = symbols::resolve(&[(last.ip, last.lookup)], &|_| true);
+    resolved.frames.iter().flatten().any(|frame| {
         frame
             .function
             .as_deref()
@@ -617,29 +640,6 @@ fn capture_impl(
     } else {
         "only on Linux"
     }))
-}
-
-/// Appends the frames of `ip`, looked up by `lookup`: more than one when calls were
-/// inlined there, innermost first; one without a name when it resolves to nothing.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn symbolize(ip: usize, lookup: usize, frames: &mut Vec<Frame>) {
-    let before = frames.len();
-    backtrace::resolve(std::ptr::without_provenance_mut(lookup), |symbol| {
-        frames.push(Frame {
-            ip,
-            function: symbol.name().map(|name| format!("{name:#}")),
-            file: symbol.filename().map(short_path),
-            line: symbol.lineno(),
-        });
-    });
-    if frames.len() == before {
-        frames.push(Frame {
-            ip,
-            function: None,
-            file: None,
-            line: None,
-        });
-    }
 }
 
 /// What is known of one thread at a hang: its stack where it could be captured, its

@@ -1,23 +1,338 @@
-//! Gives back the memory of symbolization once a scan's stacks are resolved.
+//! Resolves captured instruction pointers to functions, files and lines in bounded memory.
 //!
-//! The symbolizer (the backtrace crate) keeps each binary's parsed debug info in a
-//! process-wide cache. A release binary's debug sections are compressed, so that cache
-//! holds them inflated: about 190 MB for this repository's binary, kept for the life of
-//! the process after its first stack, and more for an operator with a larger binary. A
-//! pod with a 256 MiB limit could be OOM-killed at the moment its hang is diagnosed. Hang
-//! reports are rare, so the cache is dropped after each scan that resolved a stack, and
-//! the allocator is asked to return the freed pages: a later stack pays for parsing
-//! again (docs/performance.md has the figures) instead of the pod holding the memory.
+//! A release binary's debug info is zlib-compressed, and every DWARF reader inflates it
+//! whole before it looks anything up: about 190 MB more for this repository's binary, at
+//! the very moment a hang is diagnosed. So the binary's file and line information is
+//! read from a GSYM symbol file beside it instead (`BINARY.gsym`, made at build time by
+//! `llvm-gsymutil --convert`): an address table searched in place and one function's
+//! line table and inline tree decoded per lookup, all through a read-only mapping, so
+//! only the few pages touched become resident. blazesym reads it. Without that file the
+//! symbol table still names each function (no file, line or inlined calls), and the
+//! stack says which file it lacks and how to resolve the addresses offline; DWARF is
+//! read only when its sections are uncompressed (debug builds), where nothing is
+//! inflated. docs/performance.md has the figures and the other designs weighed.
 #![allow(unsafe_code)]
 
-/// Drops the symbolizer's cache and returns the freed heap to the kernel.
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use blazesym::symbolize::source::{Elf, GsymFile, Source};
+use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
+use object::{Object, ObjectSection, ObjectSegment};
+
+use super::{Frame, MissingSymbols, short_path};
+
+/// The frames of a batch of addresses, and where each address lies.
+pub(super) struct Resolved {
+    /// Per address, in the order given: its frames, innermost (inlined) first; one
+    /// without a name when nothing was found.
+    pub(super) frames: Vec<Vec<Frame>>,
+    /// Per address: the index of its file in `files` and the address within that file.
+    places: Vec<Option<(usize, u64)>>,
+    files: Vec<MappedFile>,
+}
+
+/// One mapped file that addresses of the batch lie in.
+struct MappedFile {
+    path: String,
+    build_id: Option<String>,
+    source: SymbolSource,
+    /// Whether it is the program's executable (not a shared library).
+    executable: bool,
+}
+
+/// Where a file's frames got their names, files and lines from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SymbolSource {
+    /// `FILE.gsym`: names, files, lines and inlined calls.
+    SymbolFile,
+    /// Uncompressed DWARF in the file itself: the same.
+    Dwarf,
+    /// The ELF symbol table only: function names.
+    SymbolTable,
+}
+
+impl Resolved {
+    /// The files of the first `count` addresses whose frames lack files and lines
+    /// for want of symbols: the executable without a symbol file, and any file of
+    /// which a frame has no name at all.
+    pub(super) fn missing(&self, count: usize) -> Vec<MissingSymbols> {
+        let mut missing: Vec<(usize, MissingSymbols)> = Vec::new();
+        for (at, place) in self.places.iter().enumerate().take(count) {
+            let Some((index, address)) = *place else {
+                continue;
+            };
+            let file = &self.files[index];
+            if file.source != SymbolSource::SymbolTable {
+                continue;
+            }
+            let unnamed = self.frames[at].iter().all(|f| f.function.is_none());
+            match missing.iter_mut().find(|(i, _)| *i == index) {
+                Some((_, entry)) => entry.addresses.push(address),
+                None if file.executable || unnamed => missing.push((
+                    index,
+                    MissingSymbols {
+                        file: file.path.clone(),
+                        build_id: file.build_id.clone(),
+                        addresses: vec![address],
+                    },
+                )),
+                None => {}
+            }
+        }
+        missing.into_iter().map(|(_, entry)| entry).collect()
+    }
+}
+
+/// Resolves `(ip, lookup)` pairs from the innermost out, up to and with the first
+/// whose frames `is_last` picks: the frame is shown at `ip` and looked up at `lookup`
+/// (a return address less one, so that it falls in the call). What lies below is left
+/// alone: the runtime's outer functions inline most of it, and their inline trees are
+/// the largest part of the symbol file that a lookup would read.
+pub(super) fn resolve(addresses: &[(usize, usize)], is_last: &dyn Fn(&Frame) -> bool) -> Resolved {
+    let maps = Maps::read().unwrap_or_default();
+    let mut files: Vec<MappedFile> = Vec::new();
+    // Per file in `files`: where its segments lie in it, or nothing if unreadable.
+    let mut facts: Vec<Option<ElfFacts>> = Vec::new();
+    let mut places = Vec::with_capacity(addresses.len());
+    let mut frames: Vec<Vec<Frame>> = Vec::with_capacity(addresses.len());
+    // Built per batch and dropped with it: its mappings and tables go too.
+    let symbolizer = Symbolizer::builder()
+        .set_debug_dirs(Option::<&[&Path]>::None)
+        .build();
+    let executable = std::env::current_exe().ok();
+    for &(ip, lookup_at) in addresses {
+        let mut found = Vec::new();
+        let mut place = None;
+        if let Some((path, offset)) = maps.file_offset(lookup_at as u64) {
+            let index = match files.iter().position(|f| f.path == path) {
+                Some(index) => index,
+                None => {
+                    let read = ElfFacts::read(Path::new(path));
+                    let source = match &read {
+                        Some(elf)
+                            if elf.build_id.is_some()
+                                && gsym_uuid(&gsym_path(path)) == elf.build_id =>
+                        {
+                            SymbolSource::SymbolFile
+                        }
+                        Some(elf) if elf.plain_dwarf => SymbolSource::Dwarf,
+                        _ => SymbolSource::SymbolTable,
+                    };
+                    files.push(MappedFile {
+                        path: path.to_owned(),
+                        build_id: read.as_ref().and_then(|elf| elf.build_id.clone()),
+                        source,
+                        executable: executable
+                            .as_deref()
+                            .is_some_and(|exe| exe == Path::new(path)),
+                    });
+                    facts.push(read);
+                    files.len() - 1
+                }
+            };
+            if let Some(address) = facts[index].as_ref().and_then(|f| f.address_of(offset)) {
+                place = Some((index, address));
+                let file = &files[index];
+                let at = [address];
+                let table = lookup(&symbolizer, &elf_source(&file.path, false), &at);
+                let table = table.first().and_then(Symbolized::as_sym);
+                let detailed = match file.source {
+                    SymbolSource::SymbolFile => lookup(
+                        &symbolizer,
+                        &GsymFile::new(gsym_path(&file.path)).into(),
+                        &at,
+                    ),
+                    SymbolSource::Dwarf => lookup(&symbolizer, &elf_source(&file.path, true), &at),
+                    SymbolSource::SymbolTable => Vec::new(),
+                };
+                match detailed.first().and_then(Symbolized::as_sym) {
+                    Some(sym) => found = frames_of(ip, sym, table),
+                    None => {
+                        if let Some(sym) = table {
+                            found = frames_of(ip, sym, None);
+                        }
+                    }
+                }
+            }
+        }
+        if found.is_empty() {
+            found.push(Frame {
+                ip,
+                function: None,
+                file: None,
+                line: None,
+            });
+        }
+        let last = found.iter().any(is_last);
+        frames.push(found);
+        places.push(place);
+        if last {
+            break;
+        }
+    }
+    Resolved {
+        frames,
+        places,
+        files,
+    }
+}
+
+/// Where the symbol file of the file at `path` is: beside it, named after it.
+fn gsym_path(path: &str) -> PathBuf {
+    PathBuf::from(format!("{path}.gsym"))
+}
+
+fn elf_source(path: &str, debug_syms: bool) -> Source<'static> {
+    let mut elf = Elf::new(path);
+    elf.debug_syms = debug_syms;
+    elf.into()
+}
+
+/// One result per address; none at all when the source cannot be read.
+fn lookup<'s>(symbolizer: &'s Symbolizer, source: &Source<'_>, at: &[u64]) -> Vec<Symbolized<'s>> {
+    symbolizer
+        .symbolize(source, Input::VirtOffset(at))
+        .unwrap_or_default()
+}
+
+/// The frames of one address: the inlined calls innermost first, then the function
+/// they were inlined into. Each names where in itself the address (or the call to
+/// the next inner frame) is. The outer function takes the symbol table's name when
+/// it is the same function: that one carries the module path.
+fn frames_of(ip: usize, sym: &Sym<'_>, table: Option<&Sym<'_>>) -> Vec<Frame> {
+    let location = |info: Option<&CodeInfo<'_>>| match info {
+        Some(info) => (Some(short_path(&info.to_path())), info.line),
+        None => (None, None),
+    };
+    let mut frames = Vec::with_capacity(sym.inlined.len() + 1);
+    for inlined in sym.inlined.iter().rev() {
+        let (file, line) = location(inlined.code_info.as_ref());
+        frames.push(Frame {
+            ip,
+            function: Some(inlined.name.to_string()),
+            file,
+            line,
+        });
+    }
+    let outer = match table {
+        Some(table) if table.addr == sym.addr => &table.name,
+        _ => &sym.name,
+    };
+    let (file, line) = location(sym.code_info.as_deref());
+    frames.push(Frame {
+        ip,
+        function: Some(outer.to_string()),
+        file,
+        line,
+    });
+    frames
+}
+
+/// The build id of a GSYM file's header (its UUID), if the file is there.
+fn gsym_uuid(path: &Path) -> Option<String> {
+    // magic, version, address offset size, UUID size, base address, address count,
+    // string table offset and size, then the UUID (at most 20 bytes).
+    let mut header = [0; 48];
+    File::open(path).ok()?.read_exact(&mut header).ok()?;
+    if &header[..4] != b"MYSG" && &header[..4] != b"GSYM" {
+        return None;
+    }
+    let size = usize::from(header[7]).min(20);
+    (size > 0).then(|| hex(&header[28..28 + size]))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What is read of a mapped ELF file: no section data.
+struct ElfFacts {
+    /// `(file offset, file size, address)` of each loadable segment.
+    segments: Vec<(u64, u64, u64)>,
+    build_id: Option<String>,
+    /// Whether it has DWARF debug info that is not compressed.
+    plain_dwarf: bool,
+}
+
+impl ElfFacts {
+    fn read(path: &Path) -> Option<Self> {
+        let cache = object::read::ReadCache::new(File::open(path).ok()?);
+        let elf = object::File::parse(&cache).ok()?;
+        let segments = elf
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                (offset, size, s.address())
+            })
+            .collect();
+        let build_id = elf.build_id().ok().flatten().map(hex);
+        let plain_dwarf = elf.section_by_name(".debug_info").is_some_and(|s| {
+            s.compressed_file_range()
+                .is_ok_and(|r| r.format == object::CompressionFormat::None)
+        });
+        Some(Self {
+            segments,
+            build_id,
+            plain_dwarf,
+        })
+    }
+
+    /// The address in the file (as its symbols name it) of the byte at `offset`.
+    fn address_of(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|(start, size, _)| (*start..start + size).contains(&offset))
+            .map(|(start, _, address)| address + (offset - start))
+    }
+}
+
+/// The file-backed mappings of this process: `(addresses, file offset, path)`.
+#[derive(Default)]
+struct Maps(Vec<(std::ops::Range<u64>, u64, String)>);
+
+impl Maps {
+    fn read() -> std::io::Result<Self> {
+        let text = std::fs::read_to_string("/proc/self/maps")?;
+        Ok(Self(text.lines().filter_map(parse_mapping).collect()))
+    }
+
+    /// The file that `address` lies in, and where in the file.
+    fn file_offset(&self, address: u64) -> Option<(&str, u64)> {
+        let (range, offset, path) = self.0.iter().find(|(r, _, _)| r.contains(&address))?;
+        Some((path, offset + (address - range.start)))
+    }
+}
+
+/// `start-end perms offset dev inode path`, for a mapping of a file that is still
+/// there (not `[vdso]`, not ` (deleted)`).
+fn parse_mapping(line: &str) -> Option<(std::ops::Range<u64>, u64, String)> {
+    let mut fields = line.splitn(6, ' ');
+    let (start, end) = fields.next()?.split_once('-')?;
+    let _perms = fields.next()?;
+    let offset = fields.next()?;
+    let _dev = fields.next()?;
+    let _inode = fields.next()?;
+    let path = fields.next()?.trim();
+    if !path.starts_with('/') || path.ends_with(" (deleted)") {
+        return None;
+    }
+    let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
+    Some((
+        range,
+        u64::from_str_radix(offset, 16).ok()?,
+        path.to_owned(),
+    ))
+}
+
+/// Returns the heap that symbolization freed to the kernel.
 pub(super) fn release() {
-    backtrace::clear_symbol_cache();
     trim_heap();
 }
 
 /// Returns the free memory at the top of every malloc arena to the kernel (glibc keeps
-/// it otherwise: the cache's many small blocks are not mmapped one by one).
+/// it otherwise).
 #[cfg(target_env = "gnu")]
 fn trim_heap() {
     // SAFETY: malloc_trim takes no pointer and may be called from any thread at any
@@ -30,3 +345,55 @@ fn trim_heap() {
 /// musl returns freed memory as it goes; other allocators are not told.
 #[cfg(not(target_env = "gnu"))]
 fn trim_heap() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mapping_line_gives_range_offset_and_path() {
+        let line = "7f12a000-7f12c000 r-xp 00028000 08:01 1234   /usr/lib/libc.so.6";
+        assert_eq!(
+            parse_mapping(line),
+            Some((
+                0x7f12a000..0x7f12c000,
+                0x28000,
+                "/usr/lib/libc.so.6".to_owned()
+            ))
+        );
+        assert_eq!(
+            parse_mapping("7f0-7f1 r-xp 00000000 00:00 0   [vdso]"),
+            None
+        );
+        assert_eq!(parse_mapping("7f0-7f1 r-xp 00000000 00:00 0"), None);
+        assert_eq!(
+            parse_mapping("7f0-7f1 r-xp 00000000 08:01 9 /opt/op (deleted)"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_function_of_this_binary_is_named() {
+        let ip = a_function_of_this_binary_is_named as *const () as usize;
+        let resolved = resolve(&[(ip, ip)], &|_| false);
+        let frames = &resolved.frames[0];
+        assert!(
+            frames.iter().any(|f| f
+                .function
+                .as_deref()
+                .is_some_and(|n| n.contains("a_function_of_this_binary_is_named"))),
+            "{frames:?}"
+        );
+        // A test binary has its DWARF uncompressed: nothing is reported missing.
+        assert!(resolved.missing(1).is_empty());
+    }
+
+    #[test]
+    fn an_address_in_no_file_is_a_frame_without_a_name() {
+        let resolved = resolve(&[(0x10, 0x10)], &|_| false);
+        assert_eq!(resolved.frames[0].len(), 1);
+        assert_eq!(resolved.frames[0][0].function, None);
+        assert_eq!(resolved.frames[0][0].ip, 0x10);
+        assert!(resolved.missing(1).is_empty());
+    }
+}
