@@ -361,17 +361,18 @@ pub(crate) fn capture_until(
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 static CAPTURE: std::sync::Mutex<parked::Unwinder> = std::sync::Mutex::new(parked::Unwinder::new());
 
-/// `before_recheck` runs between the looks at the thread and the last look before the
-/// signal (tests move the thread there).
+/// The return addresses of thread `tid`'s stack, innermost first, and how they were
+/// found: unwound from outside when it is blocked in the kernel, from the registers a
+/// signal recorded when it runs. `before_recheck` runs between the looks at the thread
+/// and the last look before the signal (tests move the thread there).
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn capture_impl(
+fn unwind_thread(
     tid: u32,
     deadline: Instant,
-    is_last: &dyn Fn(&Frame) -> bool,
     before_recheck: &dyn Fn(),
-) -> Result<Stack, Error> {
+) -> Result<(parked::Unwound, Method), Error> {
     let mut unwinder = lock_until(deadline)?;
-    let (unwound, method) = match whereabouts(tid, deadline)? {
+    Ok(match whereabouts(tid, deadline)? {
         parked::Whereabouts::Parked(at) => (
             unwind_parked(&mut unwinder, tid, at, deadline)?,
             Method::Kernel,
@@ -385,8 +386,18 @@ fn capture_impl(
                 ),
             }
         }
-    };
-    drop(unwinder);
+    })
+}
+
+/// Captures thread `tid`'s stack (see [`unwind_thread`]) and resolves its frames.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn capture_impl(
+    tid: u32,
+    deadline: Instant,
+    is_last: &dyn Fn(&Frame) -> bool,
+    before_recheck: &dyn Fn(),
+) -> Result<Stack, Error> {
+    let (unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
     let addresses = &unwound.addresses;
     let started = Instant::now();
     // Each file's symbols are opened once per stack.
@@ -439,9 +450,16 @@ fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
         .map(|offset| (pc, pc.saturating_add(offset)))
         .collect();
     let next = symbols::resolve(&lookups, &|_| false);
-    if let Some(found) = next.frames.iter().filter_map(|frames| frames.last()).find(|found| {
-        found.function == innermost.function && found.file == innermost.file && found.line.is_some()
-    }) {
+    if let Some(found) = next
+        .frames
+        .iter()
+        .filter_map(|frames| frames.last())
+        .find(|found| {
+            found.function == innermost.function
+                && found.file == innermost.file
+                && found.line.is_some()
+        })
+    {
         innermost.line = found.line;
     }
 }
@@ -460,19 +478,32 @@ const THREAD_ENTRIES: &[&str] = &[
     "__libc_start_call_main",
 ];
 
-/// Whether the outermost of `addresses` is in a function a thread starts in.
+/// Whether the outermost of `addresses` is in a function a thread starts in, or just
+/// past the standard library's thread start (libc's `start_thread`, which calls it, is
+/// not in libc's symbol table on most distributions: its frame is then unnamed).
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn ends_at_a_thread_entry(addresses: &[parked::Address]) -> bool {
-    let Some(last) = addresses.last() else {
-        return false;
+    let outermost: Vec<(usize, usize)> = addresses
+        .iter()
+        .rev()
+        .take(2)
+        .map(|a| (a.ip, a.lookup))
+        .collect();
+    let resolved = symbols::resolve(&outermost, &|_| false);
+    let mut frames = resolved.frames.iter();
+    let is_entry = |name: &str| THREAD_ENTRIES.contains(&name);
+    let is_std_start = |name: &str| name.ends_with("::thread_start");
+    let named = |frames: Option<&Vec<Frame>>, test: &dyn Fn(&str) -> bool| {
+        frames.is_some_and(|frames| {
+            frames
+                .iter()
+                .any(|frame| frame.function.as_deref().is_some_and(test))
+        })
     };
-    let resolved = symbols::resolve(&[(last.ip, last.lookup)], &|_| true);
-    resolved.frames.iter().flatten().any(|frame| {
-        frame
-            .function
-            .as_deref()
-            .is_some_and(|name| THREAD_ENTRIES.contains(&name))
-    })
+    let (last, before) = (frames.next(), frames.next());
+    named(last, &is_entry)
+        || (named(before, &is_std_start)
+            && last.is_some_and(|frames| frames.iter().all(|frame| frame.function.is_none())))
 }
 
 /// The capture lock, waited for until `deadline` at most. A capture that panicked
