@@ -371,13 +371,13 @@ pub(crate) fn emit_driver_rescue(
     let took_over = fmt_duration(rescue.unattended);
     let what = match (rescue.cause, in_poll.is_empty()) {
         (_, false) => format!(
-            "a reconcile blocked the worker driving timers and I/O; an idle worker took over after {took_over}: {culprits}"
+            "a reconcile blocked a runtime worker in one poll; an idle worker was woken after {took_over} to take over timers and I/O: {culprits}"
         ),
         (Cause::WorkerInOnePoll { .. }, true) => format!(
-            "a task blocked the worker driving timers and I/O (no guarded reconcile was inside a poll that long); an idle worker took over after {took_over}"
+            "a task blocked a runtime worker in one poll (no guarded reconcile was inside a poll that long); an idle worker was woken after {took_over} to take over timers and I/O"
         ),
         (Cause::HeartbeatLate { .. }, true) => format!(
-            "the async runtime's timers were {took_over} late; the watchdog woke an idle worker to drive timers and I/O"
+            "the async runtime's timers were {took_over} late; an idle worker was woken to take over timers and I/O"
         ),
     };
     let since = if unreported == 0 {
