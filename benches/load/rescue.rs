@@ -136,16 +136,18 @@ fn one_round(rescue_after: Option<Duration>, block: Duration) -> Duration {
     let to = Instant::now();
     let _ = runtime.block_on(reconcile);
     ticker.abort();
+    let ticks = ticks.lock().unwrap().clone();
+    // The last tick before `from`, every tick up to `to`, and `to` itself: a ticker
+    // stopped for good shows up as a gap up to `to`.
     let mut around: Vec<Instant> = ticks
-        .lock()
-        .unwrap()
-        .windows(2)
-        .filter(|w| w[1] >= from && w[0] <= to)
-        .flatten()
+        .iter()
         .copied()
+        .filter(|t| *t <= from)
+        .max()
+        .into_iter()
         .collect();
+    around.extend(ticks.iter().copied().filter(|t| *t > from && *t <= to));
     around.push(to);
-    around.sort_unstable();
     around
         .windows(2)
         .map(|w| w[1].saturating_duration_since(w[0]))

@@ -139,8 +139,8 @@ impl RuntimeHeartbeat {
         out.clear();
         out.extend((0..m.num_workers()).map(|worker| WorkerSample {
             park_unpark: m.worker_park_unpark_count(worker),
-            busy_ns: u64::try_from(m.worker_total_busy_duration(worker).as_nanos())
-                .unwrap_or(u64::MAX),
+            busy_ns:
+                u64::try_from(m.worker_total_busy_duration(worker).as_nanos()).unwrap_or(u64::MAX),
         }));
     }
 
@@ -519,8 +519,7 @@ fn run(
     let cpu_stat = cgroup::CpuStat::find().ok();
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
-    let mut rescuer =
-        runtime.and_then(|r| Rescuer::new(r, verdict.config().driver_rescue_after));
+    let mut rescuer = runtime.and_then(|r| Rescuer::new(r, verdict.config().driver_rescue_after));
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -586,7 +585,9 @@ fn run(
                 decision: &decision,
                 took: now.elapsed(),
                 runtime_heartbeat_age: heartbeat_age,
-                driver_rescues: rescuer.as_mut().map_or(0, |r| std::mem::take(&mut r.rescues)),
+                driver_rescues: rescuer
+                    .as_mut()
+                    .map_or(0, |r| std::mem::take(&mut r.rescues)),
             });
         }
         *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {

@@ -148,7 +148,10 @@ impl DriverWatch {
                 continue;
             }
             let in_poll_for = now.saturating_duration_since(seen.since);
-            if !seen.rescued && in_poll_for >= self.after && stuck.is_none_or(|(_, d)| in_poll_for > d) {
+            if !seen.rescued
+                && in_poll_for >= self.after
+                && stuck.is_none_or(|(_, d)| in_poll_for > d)
+            {
                 stuck = Some((index, in_poll_for));
             }
         }
@@ -306,8 +309,14 @@ mod tests {
         assert_eq!(rescue.unattended, 1001 * MS);
         assert_eq!(w.check(t0 + 900 * MS, &workers, Some(1900 * MS)), None);
         // On time again, then late again: a new stretch.
-        assert_eq!(w.check(t0 + Duration::from_secs(1), &workers, Some(MS)), None);
-        assert!(w.check(t0 + Duration::from_secs(3), &workers, Some(2000 * MS)).is_some());
+        assert_eq!(
+            w.check(t0 + Duration::from_secs(1), &workers, Some(MS)),
+            None
+        );
+        assert!(
+            w.check(t0 + Duration::from_secs(3), &workers, Some(2000 * MS))
+                .is_some()
+        );
     }
 
     #[test]
