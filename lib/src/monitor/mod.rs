@@ -47,7 +47,7 @@ pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
 pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
 
-use verdict::driver::{DriverWatch, RescueReports, WorkerSample};
+use verdict::driver::{Cause, DriverWatch, RescueReports, WorkerSample};
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -479,18 +479,33 @@ impl<'a> Rescuer<'a> {
         // parks on the free driver.
         drop(self.runtime.handle.spawn(async {}));
         self.rescues += 1;
+        if !self.reports.due(now) {
+            self.reports.report(now);
+            return;
+        }
+        // At most one report a minute: a copy of the registry is affordable then.
+        let now = Instant::now();
+        let after = self.watch.after();
+        let in_poll: Vec<InFlight> = registry
+            .snapshot()
+            .into_iter()
+            .filter(|r| {
+                matches!(r.poll, PollState::InPoll { since }
+                    if now.saturating_duration_since(since) >= after)
+            })
+            .collect();
+        // A worker in one poll with no reconcile inside one that long may only have
+        // been preempted (a loaded node): counted, and left to the debug log, so that
+        // the report's budget goes to what it can name.
+        if in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }) {
+            tracing::debug!(
+                target: report::TARGET,
+                unattended = ?rescue.unattended,
+                "woke an idle worker: a worker sat in one poll with no guarded reconcile inside one"
+            );
+            return;
+        }
         if let Some(unreported) = self.reports.report(now) {
-            // At most one report a minute: a copy of the registry is affordable then.
-            let now = Instant::now();
-            let after = self.watch.after();
-            let in_poll: Vec<InFlight> = registry
-                .snapshot()
-                .into_iter()
-                .filter(|r| {
-                    matches!(r.poll, PollState::InPoll { since }
-                        if now.saturating_duration_since(since) >= after)
-                })
-                .collect();
             report::emit_driver_rescue(&rescue, &in_poll, now, unreported);
         }
     }

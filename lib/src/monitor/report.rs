@@ -373,8 +373,9 @@ pub(crate) fn emit_driver_rescue(
         (_, false) => format!(
             "a reconcile blocked a runtime worker in one poll; an idle worker was woken after {took_over} to take over timers and I/O: {culprits}"
         ),
+        // The monitor does not report those (a preempted worker looks the same).
         (Cause::WorkerInOnePoll { .. }, true) => format!(
-            "a task blocked a runtime worker in one poll (no guarded reconcile was inside a poll that long); an idle worker was woken after {took_over} to take over timers and I/O"
+            "a runtime worker sat in one poll (no guarded reconcile was inside one that long); an idle worker was woken after {took_over} to take over timers and I/O"
         ),
         (Cause::HeartbeatLate { .. }, true) => format!(
             "the async runtime's timers were {took_over} late; an idle worker was woken to take over timers and I/O"

@@ -81,6 +81,7 @@ pub struct DriverWatch {
     /// Whether the current late stretch of the heartbeat has had its rescue.
     heartbeat_rescued: bool,
     last_rescue: Option<Instant>,
+    last_check: Option<Instant>,
 }
 
 impl DriverWatch {
@@ -95,6 +96,7 @@ impl DriverWatch {
             workers: Vec::new(),
             heartbeat_rescued: false,
             last_rescue: None,
+            last_check: None,
         }
     }
 
@@ -122,6 +124,18 @@ impl DriverWatch {
         workers: &[WorkerSample],
         heartbeat_age: Option<Duration>,
     ) -> Option<Rescue> {
+        // A check far later than planned: the monitor itself did not run (the process
+        // was paused, or a scan took long). What the workers did meanwhile is unknown,
+        // and the heartbeat's age counts the pause: start afresh, and let a late
+        // heartbeat ask only once it has been on time again.
+        let gap = self
+            .last_check
+            .replace(now)
+            .map(|at| now.saturating_duration_since(at));
+        if gap.is_some_and(|gap| gap > self.after * 2) {
+            self.workers.clear();
+            self.heartbeat_rescued = true;
+        }
         if self.workers.len() != workers.len() {
             self.workers = workers
                 .iter()
@@ -201,13 +215,17 @@ pub struct RescueReports {
 }
 
 impl RescueReports {
+    /// Whether a rescue at `now` would be reported.
+    #[must_use]
+    pub fn due(&self, now: Instant) -> bool {
+        self.last
+            .is_none_or(|at| now.saturating_duration_since(at) >= RESCUE_REPORT_EVERY)
+    }
+
     /// A rescue at `now`: `Some(n)` to report it, `n` being the rescues left unreported
     /// since the previous report; `None` to count it only.
     pub fn report(&mut self, now: Instant) -> Option<u64> {
-        if self
-            .last
-            .is_some_and(|at| now.saturating_duration_since(at) < RESCUE_REPORT_EVERY)
-        {
+        if !self.due(now) {
             self.unreported += 1;
             return None;
         }
@@ -313,10 +331,9 @@ mod tests {
             w.check(t0 + Duration::from_secs(1), &workers, Some(MS)),
             None
         );
-        assert!(
-            w.check(t0 + Duration::from_secs(3), &workers, Some(2000 * MS))
-                .is_some()
-        );
+        let t1 = t0 + Duration::from_secs(3);
+        assert_eq!(w.check(t1 - 10 * MS, &workers, Some(MS)), None);
+        assert!(w.check(t1, &workers, Some(2000 * MS)).is_some());
     }
 
     #[test]
@@ -358,10 +375,41 @@ mod tests {
     }
 
     #[test]
+    fn a_pause_of_the_monitor_is_not_taken_for_a_blocked_worker_or_late_timers() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, Some(MS)), None);
+        // The process stopped for 8 s: every worker looks stuck, the heartbeat old.
+        let t1 = t0 + Duration::from_secs(8);
+        assert_eq!(w.check(t1, &workers, Some(Duration::from_secs(8))), None);
+        assert_eq!(
+            w.check(t1 + 10 * MS, &workers, Some(Duration::from_secs(8))),
+            None
+        );
+        // On time again: the heartbeat beats; a worker that then sits in a poll is seen.
+        assert_eq!(
+            w.check(t1 + 20 * MS, &[running(6, 100), idle(3)], Some(MS)),
+            None
+        );
+        assert_eq!(
+            w.check(t1 + 30 * MS, &[running(6, 100), idle(3)], Some(MS)),
+            None
+        );
+        let rescue = w.check(t1 + 40 * MS, &[running(6, 100), idle(3)], Some(MS));
+        assert_eq!(
+            rescue.map(|r| r.cause),
+            Some(Cause::WorkerInOnePoll { worker: 0 })
+        );
+    }
+
+    #[test]
     fn one_rescue_report_a_minute_counts_the_rest() {
         let mut reports = RescueReports::default();
         let t0 = Instant::now();
+        assert!(reports.due(t0));
         assert_eq!(reports.report(t0), Some(0));
+        assert!(!reports.due(t0 + MS));
         assert_eq!(reports.report(t0 + MS), None);
         assert_eq!(reports.report(t0 + 59 * 1000 * MS), None);
         assert_eq!(reports.report(t0 + RESCUE_REPORT_EVERY), Some(2));
