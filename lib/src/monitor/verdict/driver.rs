@@ -209,7 +209,7 @@ pub const RESCUE_REPORT_EVERY: Duration = Duration::from_secs(60);
 
 /// Which rescues get a WARN: the first, then at most one per [`RESCUE_REPORT_EVERY`].
 #[derive(Debug, Default)]
-pub struct RescueReports {
+pub(crate) struct RescueReports {
     last: Option<Instant>,
     unreported: u64,
 }
@@ -217,14 +217,14 @@ pub struct RescueReports {
 impl RescueReports {
     /// Whether a rescue at `now` would be reported.
     #[must_use]
-    pub fn due(&self, now: Instant) -> bool {
+    pub(crate) fn due(&self, now: Instant) -> bool {
         self.last
             .is_none_or(|at| now.saturating_duration_since(at) >= RESCUE_REPORT_EVERY)
     }
 
     /// A rescue at `now`: `Some(n)` to report it, `n` being the rescues left unreported
     /// since the previous report; `None` to count it only.
-    pub fn report(&mut self, now: Instant) -> Option<u64> {
+    pub(crate) fn report(&mut self, now: Instant) -> Option<u64> {
         if !self.due(now) {
             self.unreported += 1;
             return None;
