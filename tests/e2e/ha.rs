@@ -438,6 +438,7 @@ fn ha_a_reconcile_blocking_its_worker_stops_neither_other_objects_nor_the_lease(
     );
     // Other objects are reconciled meanwhile, and the lease keeps being renewed.
     let first = renewed_at(&cluster);
+    assert!(first.is_some(), "the lease has no renew time");
     let names: Vec<String> = (0..3).map(|i| format!("after-block-{i}")).collect();
     for name in &names {
         cluster.create(name, None);
