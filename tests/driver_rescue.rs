@@ -58,7 +58,8 @@ impl Visit for Fields<'_> {
 
 impl<S: tracing::Subscriber> Layer<S> for Capture {
     fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        if event.metadata().target() != report::TARGET {
+        let target = event.metadata().target();
+        if target != report::TARGET && target != report::RUNTIME_TARGET {
             return;
         }
         let mut fields = BTreeMap::new();
@@ -190,7 +191,12 @@ fn a_reconcile_blocking_its_worker_leaves_timers_ticking_and_is_named_once() {
         let warns = reports(|r| {
             r.message.starts_with(RESCUE_WARN) && r.field("object") == Some(object.as_str())
         });
-        assert_eq!(warns.len(), 1, "round {round}: {warns:#?}");
+        assert_eq!(
+            warns.len(),
+            1,
+            "round {round}: {:#?}",
+            reports(|r| r.message.contains("idle worker"))
+        );
         let warn = &warns[0];
         assert_eq!(warn.level, tracing::Level::WARN);
         assert_eq!(warn.field("controller"), Some("blocker"), "{warn:?}");

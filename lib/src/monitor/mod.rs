@@ -499,7 +499,7 @@ impl<'a> Rescuer<'a> {
         // the report's budget goes to what it can name.
         if in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }) {
             tracing::debug!(
-                target: report::TARGET,
+                target: report::RUNTIME_TARGET,
                 unattended = ?rescue.unattended,
                 "woke an idle worker: a worker sat in one poll with no guarded reconcile inside one"
             );

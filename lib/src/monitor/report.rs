@@ -16,6 +16,10 @@ use super::verdict::{Event, HangState, Pause, Summary, SummaryKind, fmt_duration
 /// The log target of every hang report.
 pub const TARGET: &str = "reconcile_watchdog::hang";
 
+/// The log target of the reports that the runtime's timers and I/O were kept going
+/// (an idle worker woken for a blocked one): not hangs.
+pub const RUNTIME_TARGET: &str = "reconcile_watchdog::runtime";
+
 /// What the async runtime looked like at a stall, from its stable metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeSample {
@@ -388,7 +392,7 @@ pub(crate) fn emit_driver_rescue(
     };
     let first = in_poll.iter().max_by_key(|r| r.last_poll_ago(now));
     tracing::warn!(
-        target: TARGET,
+        target: RUNTIME_TARGET,
         controller = first.map(|r| tracing::field::display(&r.controller)),
         object = first.map(|r| tracing::field::display(&r.object)),
         in_poll = %culprits,

@@ -72,6 +72,11 @@ struct Seen {
     rescued: bool,
 }
 
+/// A check this much later than the previous one (or two `after`s, if longer) follows
+/// a pause of the monitor: long enough that a loaded node's late wake-ups are not
+/// taken for one.
+const PAUSE: Duration = Duration::from_millis(250);
+
 /// The decision, with the memory it needs between checks.
 #[derive(Debug)]
 pub struct DriverWatch {
@@ -132,7 +137,7 @@ impl DriverWatch {
             .last_check
             .replace(now)
             .map(|at| now.saturating_duration_since(at));
-        if gap.is_some_and(|gap| gap > self.after * 2) {
+        if gap.is_some_and(|gap| gap > (self.after * 2).max(PAUSE)) {
             self.workers.clear();
             self.heartbeat_rescued = true;
         }
