@@ -485,7 +485,10 @@ impl<'a> Rescuer<'a> {
         }
         // At most one report a minute: a copy of the registry is affordable then.
         let now = Instant::now();
-        let after = self.watch.after();
+        // The worker's stretch without parking began up to a check before the monitor
+        // saw it, and may have run other tasks before the reconcile's poll: a poll of
+        // half the threshold is long enough to be the one that holds it.
+        let after = self.watch.check_every();
         let in_poll: Vec<InFlight> = registry
             .snapshot()
             .into_iter()
@@ -494,7 +497,7 @@ impl<'a> Rescuer<'a> {
                     if now.saturating_duration_since(since) >= after)
             })
             .collect();
-        // A worker in one poll with no reconcile inside one that long may only have
+        // A worker in one poll with no reconcile inside a long one may only have
         // been preempted (a loaded node): counted, and left to the debug log, so that
         // the report's budget goes to what it can name.
         if in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }) {
