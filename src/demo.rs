@@ -29,9 +29,10 @@ pub enum HangKind {
     /// Awaits a future that is never woken, in an await labelled
     /// "waiting for the cert issuer".
     Await,
-    /// Blocks inside its poll on a std mutex another thread holds.
+    /// Wakes from a short sleep, then blocks inside its poll on a std mutex another
+    /// thread holds.
     Block,
-    /// Spins inside its poll without yielding.
+    /// Wakes from a short sleep, then spins inside its poll without yielding.
     Spin,
     /// Blocks every worker of the runtime at once.
     Wedge,
@@ -331,8 +332,19 @@ fn inject_hang(
                 HangKind::Await => {
                     reconcile_watchdog::label(AWAIT_LABEL, await_forever(&release)).await;
                 }
-                HangKind::Block | HangKind::Wedge => take_config_lock(&release),
-                HangKind::Spin => spin_until_released(&release),
+                // Woken by tokio's time driver first, as a reconcile is woken by its
+                // API response through the I/O driver: the worker that ran the driver
+                // runs the reconcile and blocks, and nobody else drives timers and
+                // I/O unless the watchdog wakes an idle worker.
+                HangKind::Block => {
+                    tokio::time::sleep(DRIVER_WAKE).await;
+                    take_config_lock(&release);
+                }
+                HangKind::Spin => {
+                    tokio::time::sleep(DRIVER_WAKE).await;
+                    spin_until_released(&release);
+                }
+                HangKind::Wedge => take_config_lock(&release),
                 HangKind::None => {}
             }
             Ok::<(), String>(())
@@ -340,6 +352,9 @@ fn inject_hang(
         spawner.spawn(handle.guard(key, hang));
     }
 }
+
+/// The short sleep a `block` or `spin` hang awaits before it blocks its worker.
+const DRIVER_WAKE: Duration = Duration::from_millis(10);
 
 /// The label of the `await` hang's await.
 pub const AWAIT_LABEL: &str = "waiting for the cert issuer";

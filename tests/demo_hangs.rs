@@ -237,3 +237,51 @@ fn task_trace_of_an_await_hang_names_the_function_awaiting() {
     assert!(!trace.contains("catch_unwind"), "{hung}");
     assert!(trace.len() <= 2048, "{}", trace.len());
 }
+
+#[test]
+fn a_block_hang_is_one_error_and_the_runtime_keeps_its_timers() {
+    // The hung reconcile wakes from a sleep (the driver's) before it blocks: without
+    // the watchdog waking an idle worker, every timer of the demo would stop with it.
+    let demo = demo(&[
+        "--hang-kind",
+        "block",
+        "--hang-after",
+        "500ms",
+        "--reconcile-deadline",
+        "1s",
+        "--runtime-stall-threshold",
+        "1s",
+        "--watchdog-interval",
+        "100ms",
+        "--stack-capture-after",
+        "off",
+    ]);
+    let rescue = event(&demo, "the rescue's WARN", |e| {
+        field(e, "message").starts_with("a reconcile blocked a runtime worker in one poll")
+    });
+    assert_eq!(field(&rescue, "level"), "WARN", "{rescue}");
+    assert_eq!(field(&rescue, "object"), "demo/cert-7", "{rescue}");
+    event(&demo, "the block hang's report", |e| {
+        field(e, "message").starts_with("reconcile hung:") && field(e, "object") == "demo/cert-7"
+    });
+    // Three times the stall threshold after the hang: the runtime never stalled, and
+    // the one ERROR is the hang's.
+    std::thread::sleep(Duration::from_secs(3));
+    let events = demo.events();
+    let stalled: Vec<_> = events
+        .iter()
+        .filter(|e| field(e, "message").contains("runtime stalled"))
+        .collect();
+    assert!(stalled.is_empty(), "{stalled:#?}");
+    let errors: Vec<_> = events
+        .iter()
+        .filter(|e| field(e, "level") == "ERROR")
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        field(errors[0], "message").starts_with("reconcile hung: cert-renewer demo/cert-7"),
+        "{errors:#?}"
+    );
+    let healthz = request(demo.probe_address(), "GET", "/healthz/runtime").expect("an answer");
+    assert_eq!(healthz.status, 200, "{}", healthz.body);
+}

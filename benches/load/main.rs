@@ -14,6 +14,7 @@ mod memory;
 mod overhead;
 mod probe_load;
 mod report;
+mod rescue;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -128,6 +129,20 @@ fn main() {
         println!("{}", mass.summary());
         return;
     }
+    if args.first().map(String::as_str) == Some("rescue") {
+        // `rescue ROUNDS BLOCK_MS`: timers with one worker of four blocked, with and
+        // without the watchdog's rescue, and the cost of its check.
+        let [rounds, block] = &args[1..] else {
+            panic!("usage: rescue ROUNDS BLOCK_MS");
+        };
+        let rounds = rounds.parse().expect("a round count");
+        let block = Duration::from_millis(block.parse().expect("milliseconds"));
+        println!(
+            "{}",
+            rescue::run(rounds, block, Duration::from_secs(10)).summary()
+        );
+        return;
+    }
     let full = support::benchmarking();
     let plan = if full { Plan::full() } else { Plan::quick() };
     let load_before = report::load_average();
@@ -154,6 +169,14 @@ fn main() {
         "{}",
         mass::run(overdue, Duration::from_millis(20), scanned_for).summary()
     );
+    // The runtime's sysmon (its figures are in docs/performance.md's section of their own).
+    let (rounds, block, idle_for) = if full {
+        (10, Duration::from_millis(1500), Duration::from_secs(10))
+    } else {
+        (1, Duration::from_millis(100), Duration::from_millis(200))
+    };
+    eprintln!("rescue: {rounds} rounds of one blocked worker");
+    eprintln!("{}", rescue::run(rounds, block, idle_for).summary());
     let instructions = plan.instruction_ops.map(|n| {
         eprintln!(
             "instructions: callgrind, {n} and {} reconciles per run",

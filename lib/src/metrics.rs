@@ -354,6 +354,7 @@ pub struct Metrics {
     hangs_unnamed: Counter,
     pauses: Counter,
     paused: Counter<f64, AtomicU64>,
+    driver_rescues: Counter,
     leader: LeaderSeries,
     health: Arc<Health>,
     api_server: Arc<ApiServerStatus>,
@@ -393,6 +394,7 @@ impl Metrics {
             hangs_unnamed: Counter::default(),
             pauses: Counter::default(),
             paused: Counter::default(),
+            driver_rescues: Counter::default(),
             leader: LeaderSeries::default(),
             health,
             api_server,
@@ -482,6 +484,11 @@ impl Metrics {
             "Time the process did not run, as the monitor's late scans found it",
             Unit::Seconds,
             self.paused.clone(),
+        );
+        registry.register(
+            "driver_rescues",
+            "Idle runtime workers the watchdog woke because a worker sat in one poll (or timers were late) and left tokio's timers and I/O undriven",
+            self.driver_rescues.clone(),
         );
         registry.register_collector(Box::new(CpuThrottled(
             crate::monitor::cgroup::CpuStat::find().ok(),
@@ -680,6 +687,7 @@ impl monitor::Observer for Metrics {
                 s.hangs(state).inc_by(n);
             });
         }
+        self.driver_rescues.inc_by(scan.driver_rescues);
         self.hangs_unnamed
             .inc_by(u64::try_from(scan.decision.hangs_unnamed).unwrap_or(u64::MAX));
         for event in &scan.decision.events {
@@ -1002,6 +1010,7 @@ mod tests {
                     decision: &decision,
                     took: Duration::from_micros(70),
                     runtime_heartbeat_age: Some(Duration::from_millis(50)),
+                    driver_rescues: 1,
                 },
             );
         };
@@ -1009,6 +1018,10 @@ mod tests {
         scan(start + Duration::from_millis(1), &mut verdict);
         let text = metrics.encode();
         let get = |text: &str, name: &str| line(text, name).map(str::to_owned);
+        assert_eq!(
+            get(&text, "reconcile_watchdog_driver_rescues_total").as_deref(),
+            Some("1")
+        );
         assert_eq!(
             get(
                 &text,

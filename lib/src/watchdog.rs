@@ -160,6 +160,16 @@ impl Builder {
         self
     }
 
+    /// With [`watch_runtime`](Self::watch_runtime) on a multi-thread runtime: once a
+    /// worker has sat in one poll for `after` while another is idle, the monitor wakes
+    /// an idle one, which takes over tokio's timers and I/O that the blocked worker left
+    /// to nobody (default 20 ms; `None` never wakes one).
+    #[must_use]
+    pub fn driver_rescue_after(mut self, after: Option<Duration>) -> Self {
+        self.monitor.driver_rescue_after = after;
+        self
+    }
+
     /// A report of a reconcile stuck inside one poll for at least `after` carries its
     /// thread's native stack and kernel state (default 2 seconds; `None` never looks).
     #[must_use]

@@ -392,3 +392,77 @@ fn bad_leader_election_flags_exit_2_naming_the_flag() {
         assert!(stderr.contains(&format!("'{flag} ")), "{args:?}: {stderr}");
     }
 }
+
+/// The Lease's renew time, read by the test's own client.
+fn renewed_at(cluster: &Cluster) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(cluster.client.clone(), &cluster.namespace);
+    let lease = cluster
+        .runtime
+        .block_on(leases.get_opt(LEASE_NAME))
+        .ok()??;
+    let renew = lease.spec?.renew_time?;
+    serde_json::to_string(&renew).ok()
+}
+
+#[test]
+fn ha_a_reconcile_blocking_its_worker_stops_neither_other_objects_nor_the_lease() {
+    let cluster = Cluster::start("ha-blocked");
+    let namespace = cluster.namespace.clone();
+    let mut operator = Operator::start(
+        &cluster,
+        Duration::from_secs(60),
+        &[
+            "--enable-fault-injection",
+            "--leader-elect",
+            "--leader-elect-lease-duration=4s",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=1s",
+            &format!("--leader-elect-resource-name={LEASE_NAME}"),
+            &format!("--leader-elect-resource-namespace={namespace}"),
+        ],
+    );
+    assert!(
+        eventually(SETTLE, || leads(&operator)),
+        "the operator never led"
+    );
+    // Its reconcile wakes on the API's answer (the I/O driver), then parks its worker
+    // thread for good.
+    cluster.create("blocked", Some("block"));
+    assert!(
+        operator.eventually_logged(|e| is(e, "WARN", "a reconcile blocked a runtime worker")
+            && e["object"]
+                .as_str()
+                .is_some_and(|o| o.ends_with("/blocked"))),
+        "no rescue WARN naming the blocked reconcile"
+    );
+    // Other objects are reconciled meanwhile, and the lease keeps being renewed.
+    let first = renewed_at(&cluster);
+    assert!(first.is_some(), "the lease has no renew time");
+    let names: Vec<String> = (0..3).map(|i| format!("after-block-{i}")).collect();
+    for name in &names {
+        cluster.create(name, None);
+    }
+    for name in &names {
+        assert!(
+            eventually(SETTLE, || cluster.reconciled(name)),
+            "{name} was not reconciled while another reconcile blocked its worker"
+        );
+    }
+    assert!(
+        eventually(LEASE + SLACK, || renewed_at(&cluster) != first),
+        "the lease was not renewed while a reconcile blocked its worker"
+    );
+    assert!(leads(&operator));
+    assert_eq!(
+        operator.wait_exit(Duration::from_millis(100)),
+        None,
+        "the leader stepped down"
+    );
+    let stalled = operator.logged(|e| field_contains(e, "runtime stalled"));
+    assert!(stalled.is_empty(), "{stalled:#?}");
+}
+
+fn field_contains(event: &Value, text: &str) -> bool {
+    event["message"].as_str().is_some_and(|m| m.contains(text))
+}

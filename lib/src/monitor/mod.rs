@@ -39,13 +39,15 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::guard::{InFlight, Registry};
+use crate::guard::{InFlight, PollState, Registry};
 use crate::health::{Check, Health};
 
 pub use api_server::ApiServerStatus;
 pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
 pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
+
+use verdict::driver::{Cause, DriverWatch, RescueReports, WorkerSample};
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +99,7 @@ impl Heartbeat {
 #[derive(Debug)]
 pub struct RuntimeHeartbeat {
     heartbeat: Arc<Heartbeat>,
+    period: Duration,
     handle: tokio::runtime::Handle,
     task: tokio::task::AbortHandle,
 }
@@ -123,17 +126,34 @@ impl RuntimeHeartbeat {
         });
         Self {
             heartbeat,
+            period,
             handle: handle.clone(),
             task: task.abort_handle(),
         }
+    }
+
+    /// Each worker's park count and busy time, from tokio's stable metrics, into `out`
+    /// (a few atomic loads per worker, readable from any thread).
+    pub fn workers(&self, out: &mut Vec<WorkerSample>) {
+        let m = self.handle.metrics();
+        out.clear();
+        out.extend((0..m.num_workers()).map(|worker| WorkerSample {
+            park_unpark: m.worker_park_unpark_count(worker),
+            busy_ns:
+                u64::try_from(m.worker_total_busy_duration(worker).as_nanos()).unwrap_or(u64::MAX),
+        }));
     }
 
     /// The stable metrics of the runtime, readable from any thread.
     #[must_use]
     pub fn sample(&self) -> RuntimeSample {
         let m = self.handle.metrics();
+        let idle_workers = (0..m.num_workers())
+            .filter(|&worker| m.worker_park_unpark_count(worker) % 2 == 1)
+            .count();
         RuntimeSample {
             workers: m.num_workers(),
+            idle_workers,
             alive_tasks: m.num_alive_tasks(),
             global_queue_depth: m.global_queue_depth(),
         }
@@ -154,6 +174,9 @@ pub struct Scan<'a> {
     pub took: Duration,
     /// The watched runtime's heartbeat age, when one is watched.
     pub runtime_heartbeat_age: Option<Duration>,
+    /// Idle workers the monitor woke since the previous scan, to drive timers and I/O
+    /// that a worker blocked in one poll had left to nobody.
+    pub driver_rescues: u64,
 }
 
 /// Told of every scan (metrics, for instance), on the monitor thread.
@@ -409,6 +432,88 @@ struct Sources<'a> {
     observer: Option<&'a dyn Observer>,
 }
 
+/// The monitor as the runtime's sysmon: between scans, a cheap check of the watched
+/// runtime's workers wakes an idle one when a worker sits in one poll and may have left
+/// tokio's timers and I/O to nobody (see [`verdict::driver`]).
+struct Rescuer<'a> {
+    runtime: &'a RuntimeHeartbeat,
+    watch: DriverWatch,
+    reports: RescueReports,
+    samples: Vec<WorkerSample>,
+    next_check: Instant,
+    /// Rescues since the previous scan.
+    rescues: u64,
+}
+
+impl<'a> Rescuer<'a> {
+    /// A rescuer when `after` asks for one and the runtime has a worker to spare: a
+    /// current-thread runtime, or one of a single worker, has nobody to wake.
+    fn new(runtime: &'a RuntimeHeartbeat, after: Option<Duration>) -> Option<Self> {
+        let after = after?;
+        (runtime.handle.metrics().num_workers() > 1).then(|| Self {
+            runtime,
+            watch: DriverWatch::new(after, Some(runtime.period)),
+            reports: RescueReports::default(),
+            samples: Vec::new(),
+            next_check: Instant::now(),
+            rescues: 0,
+        })
+    }
+
+    /// Checks if a check is due at `now`; returns when the next one is.
+    fn check_if_due(&mut self, now: Instant, registry: &Registry) -> Instant {
+        if now >= self.next_check {
+            self.check(now, registry);
+            self.next_check = now + self.watch.check_every();
+        }
+        self.next_check
+    }
+
+    fn check(&mut self, now: Instant, registry: &Registry) {
+        self.runtime.workers(&mut self.samples);
+        let age = self.runtime.heartbeat.age(now);
+        let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) else {
+            return;
+        };
+        // The wake first, the report after: a woken worker that finds no more work
+        // parks on the free driver.
+        drop(self.runtime.handle.spawn(async {}));
+        self.rescues += 1;
+        if !self.reports.due(now) {
+            self.reports.report(now);
+            return;
+        }
+        // At most one report a minute: a copy of the registry is affordable then.
+        let now = Instant::now();
+        // The worker's stretch without parking began up to a check before the monitor
+        // saw it, and may have run other tasks before the reconcile's poll: a poll of
+        // half the threshold is long enough to be the one that holds it.
+        let after = self.watch.check_every();
+        let in_poll: Vec<InFlight> = registry
+            .snapshot()
+            .into_iter()
+            .filter(|r| {
+                matches!(r.poll, PollState::InPoll { since }
+                    if now.saturating_duration_since(since) >= after)
+            })
+            .collect();
+        // A worker in one poll with no reconcile inside a long one may only have
+        // been preempted (a loaded node): counted, and left to the debug log, so that
+        // the report's budget goes to what it can name.
+        if in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }) {
+            tracing::debug!(
+                target: report::RUNTIME_TARGET,
+                unattended = ?rescue.unattended,
+                "woke an idle worker: a worker sat in one poll with no guarded reconcile inside one"
+            );
+            return;
+        }
+        if let Some(unreported) = self.reports.report(now) {
+            report::emit_driver_rescue(&rescue, &in_poll, now, unreported);
+        }
+    }
+}
+
 fn run(
     registry: &Registry,
     status: &Status,
@@ -432,6 +537,7 @@ fn run(
     let cpu_stat = cgroup::CpuStat::find().ok();
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
+    let mut rescuer = runtime.and_then(|r| Rescuer::new(r, verdict.config().driver_rescue_after));
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -497,6 +603,9 @@ fn run(
                 decision: &decision,
                 took: now.elapsed(),
                 runtime_heartbeat_age: heartbeat_age,
+                driver_rescues: rescuer
+                    .as_mut()
+                    .map_or(0, |r| std::mem::take(&mut r.rescues)),
             });
         }
         *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
@@ -505,15 +614,19 @@ fn run(
             overdue: decision.overdue.len(),
         });
 
-        // Sleep to the next tick; park so that `stop` can wake us early. A thread that
-        // fell behind (suspended, starved) starts afresh instead of scanning in a burst.
+        // Sleep to the next tick, checking the runtime's workers meanwhile; park so
+        // that `stop` can wake us early. A thread that fell behind (suspended, starved)
+        // starts afresh instead of scanning in a burst.
         next = (next + interval).max(Instant::now());
         while !stop.load(Ordering::Acquire) {
             let now = Instant::now();
             if now >= next {
                 break;
             }
-            std::thread::park_timeout(next - now);
+            let wake = rescuer
+                .as_mut()
+                .map_or(next, |r| r.check_if_due(now, registry).min(next));
+            std::thread::park_timeout(wake.saturating_duration_since(now));
         }
     }
 }

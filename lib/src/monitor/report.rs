@@ -10,16 +10,24 @@ use crate::guard::{InFlight, PollState};
 
 use super::inspect::StuckThread;
 use super::summary::{NAMED, name_few};
+use super::verdict::driver::{Cause, Rescue};
 use super::verdict::{Event, HangState, Pause, Summary, SummaryKind, fmt_duration};
 
 /// The log target of every hang report.
 pub const TARGET: &str = "reconcile_watchdog::hang";
+
+/// The log target of the reports that the runtime's timers and I/O were kept going
+/// (an idle worker woken for a blocked one): not hangs.
+pub const RUNTIME_TARGET: &str = "reconcile_watchdog::runtime";
 
 /// What the async runtime looked like at a stall, from its stable metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeSample {
     /// Worker threads.
     pub workers: usize,
+    /// Worker threads parked (idle): none when every worker is blocked, and the watchdog
+    /// then has nobody to wake to drive timers and I/O.
+    pub idle_workers: usize,
     /// Tasks alive.
     pub alive_tasks: usize,
     /// Tasks waiting in the global queue.
@@ -263,12 +271,20 @@ pub(crate) fn emit(
                 stalled_for = %fmt_duration(*age),
                 in_poll = %culprits,
                 workers = sample.workers,
+                idle_workers = sample.idle_workers,
                 alive_tasks = sample.alive_tasks,
                 global_queue_depth = sample.global_queue_depth,
                 kernel_state = kernel_state.as_deref(),
                 stack = stack.as_deref().map(tracing::field::display),
-                "async runtime stalled: no heartbeat for {}; reconciles stuck inside a poll: {}",
+                "async runtime stalled: no heartbeat for {}; {} of {} workers idle{}; reconciles stuck inside a poll: {}",
                 fmt_duration(*age),
+                sample.idle_workers,
+                sample.workers,
+                if sample.idle_workers == 0 {
+                    " (none to take over timers and I/O)"
+                } else {
+                    " (woken, and the heartbeat did not come back)"
+                },
                 if culprits.is_empty() { "none" } else { &culprits }
             );
         }
@@ -331,6 +347,62 @@ pub(crate) fn emit(
             );
         }
     }
+}
+
+/// The WARN of a rescue: the monitor woke an idle worker because a worker sat in one
+/// poll (`in_poll` are the reconciles inside a poll that long) or the heartbeat was
+/// late; `unreported` rescues came since the previous such WARN.
+pub(crate) fn emit_driver_rescue(
+    rescue: &Rescue,
+    in_poll: &[InFlight],
+    now: Instant,
+    unreported: u64,
+) {
+    let culprits = name_few(
+        in_poll,
+        NAMED,
+        "; ",
+        |r| r.last_poll_ago(now),
+        |r| {
+            let f = Fields::of(r, now);
+            format!(
+                "{} {} in a poll for {} on {}",
+                f.controller, f.object, f.last_poll_ago, f.thread
+            )
+        },
+        |r| format!("{} in-poll", r.controller),
+    );
+    let took_over = fmt_duration(rescue.unattended);
+    let what = match (rescue.cause, in_poll.is_empty()) {
+        (_, false) => format!(
+            "a reconcile blocked a runtime worker in one poll; an idle worker was woken after {took_over} to take over timers and I/O: {culprits}"
+        ),
+        // The monitor does not report those (a preempted worker looks the same).
+        (Cause::WorkerInOnePoll { .. }, true) => format!(
+            "a runtime worker sat in one poll (no guarded reconcile was inside one that long); an idle worker was woken after {took_over} to take over timers and I/O"
+        ),
+        (Cause::HeartbeatLate { .. }, true) => format!(
+            "the async runtime's timers were {took_over} late; an idle worker was woken to take over timers and I/O"
+        ),
+    };
+    let since = if unreported == 0 {
+        String::new()
+    } else {
+        format!(" ({unreported} more rescues since the previous report)")
+    };
+    let first = in_poll.iter().max_by_key(|r| r.last_poll_ago(now));
+    tracing::warn!(
+        target: RUNTIME_TARGET,
+        controller = first.map(|r| tracing::field::display(&r.controller)),
+        object = first.map(|r| tracing::field::display(&r.object)),
+        in_poll = %culprits,
+        timers_late_up_to = %took_over,
+        idle_workers = rescue.idle,
+        workers = rescue.workers,
+        unreported = unreported,
+        action = "woke an idle worker",
+        "{what}{since}"
+    );
 }
 
 /// One summary of per-reconcile lines over the report budget, at their kind's level.

@@ -13,6 +13,7 @@
 //! lines spend a budget (`budget.rs`); what is over it is counted into one summary.
 
 mod budget;
+pub mod driver;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -55,6 +56,11 @@ impl fmt::Display for HangPolicy {
     }
 }
 
+/// How long a worker of the watched runtime may sit in one poll, while another is idle,
+/// before the monitor wakes an idle one to drive timers and I/O (Go's sysmon retakes its
+/// network poller after 10 ms; a reconcile decoding a large list can take that long).
+pub const DRIVER_RESCUE_AFTER: Duration = Duration::from_millis(20);
+
 /// The knobs of the decision.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -81,6 +87,10 @@ pub struct Config {
     /// judged for a reachability check sent after its deadline (asked for at once): an
     /// outage that began after the latest check must not fail liveness first.
     pub api_server_confirm_within: Duration,
+    /// With a watched multi-thread runtime: how long a worker may sit in one poll while
+    /// another is idle before the monitor wakes an idle one to drive timers and I/O
+    /// (see [`driver`]); `None` never wakes one.
+    pub driver_rescue_after: Option<Duration>,
 }
 
 impl Default for Config {
@@ -96,6 +106,7 @@ impl Default for Config {
             summary_every: Duration::from_secs(15),
             outage_reminder: Duration::from_secs(60),
             api_server_confirm_within: Duration::from_secs(5),
+            driver_rescue_after: Some(DRIVER_RESCUE_AFTER),
         }
     }
 }

@@ -1,0 +1,432 @@
+//! When to wake an idle worker so that tokio's timers and I/O are driven again.
+//!
+//! tokio's multi-thread runtime has one I/O-and-timer driver, driven by whichever idle
+//! worker parks on it. A worker that leaves the driver to run a task and then blocks
+//! inside that task's poll leaves it to nobody: the other workers sleep on condition
+//! variables, and every timer and socket of the process waits for the poll to return.
+//! The monitor plays the part of Go's sysmon: from its own thread it reads each worker's
+//! stable tokio metrics and, when one worker has sat in one poll for
+//! [`DriverWatch::after`] while another is idle, or when the runtime's heartbeat is
+//! late, it wakes an idle worker (a spawned no-op task is enough: with no more work, the
+//! woken worker parks on the free driver). This module decides when; it reads no clock
+//! and no runtime of its own, so tests drive it with an injected clock.
+
+use std::time::{Duration, Instant};
+
+/// One worker of the runtime, as its stable metrics show it at one check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerSample {
+    /// tokio's `worker_park_unpark_count`: odd while the worker is parked (idle), even
+    /// while it runs; it changes at each park and each wake.
+    pub park_unpark: u64,
+    /// tokio's `worker_total_busy_duration` in nanoseconds: a worker running many tasks
+    /// publishes it every 61 polls, a worker inside one poll never does.
+    pub busy_ns: u64,
+}
+
+impl WorkerSample {
+    /// Whether the worker is parked (idle).
+    #[must_use]
+    pub fn is_idle(self) -> bool {
+        self.park_unpark % 2 == 1
+    }
+}
+
+/// Why the watch wakes an idle worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// A worker has run without parking and without publishing any progress for this
+    /// long: it is inside one poll, and it may have left the driver to nobody.
+    WorkerInOnePoll {
+        /// The worker's index in tokio's metrics.
+        worker: usize,
+    },
+    /// The runtime's heartbeat (a tokio interval) is late by more than two periods.
+    HeartbeatLate {
+        /// The heartbeat's age.
+        age: Duration,
+    },
+}
+
+/// A decision to wake an idle worker now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rescue {
+    /// Why.
+    pub cause: Cause,
+    /// How long timers and I/O may have gone undriven: since the stuck worker was first
+    /// seen in its poll, or the heartbeat's age.
+    pub unattended: Duration,
+    /// Workers parked at the check.
+    pub idle: usize,
+    /// Workers of the runtime.
+    pub workers: usize,
+}
+
+/// What the watch remembers of one worker between checks.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    sample: WorkerSample,
+    /// The first check that saw `sample`.
+    since: Instant,
+    /// Whether this stretch of the worker has had its rescue.
+    rescued: bool,
+}
+
+/// A check this much later than the previous one (or two `after`s, if longer) follows
+/// a pause of the monitor: long enough that a loaded node's late wake-ups are not
+/// taken for one.
+const PAUSE: Duration = Duration::from_millis(250);
+
+/// The decision, with the memory it needs between checks.
+#[derive(Debug)]
+pub struct DriverWatch {
+    after: Duration,
+    heartbeat_period: Option<Duration>,
+    workers: Vec<Seen>,
+    /// Whether the current late stretch of the heartbeat has had its rescue.
+    heartbeat_rescued: bool,
+    last_rescue: Option<Instant>,
+    last_check: Option<Instant>,
+}
+
+impl DriverWatch {
+    /// A watch that wakes an idle worker once a worker has sat in one poll for `after`
+    /// (checked every [`check_every`](Self::check_every)), or once the heartbeat beating
+    /// every `heartbeat_period` is two periods late.
+    #[must_use]
+    pub fn new(after: Duration, heartbeat_period: Option<Duration>) -> Self {
+        Self {
+            after,
+            heartbeat_period,
+            workers: Vec::new(),
+            heartbeat_rescued: false,
+            last_rescue: None,
+            last_check: None,
+        }
+    }
+
+    /// How long a worker may sit in one poll before an idle one is woken.
+    #[must_use]
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+
+    /// How often to check: half of [`after`](Self::after), so that a worker is rescued
+    /// between `after` and one and a half times `after` into its poll.
+    #[must_use]
+    pub fn check_every(&self) -> Duration {
+        (self.after / 2).max(Duration::from_millis(1))
+    }
+
+    /// One check at `now` of the runtime's `workers` (in tokio's worker order) and its
+    /// heartbeat's `heartbeat_age`. Wakes at most once per stretch of a worker in one
+    /// poll and once per late stretch of the heartbeat, never twice within `after`, and
+    /// never when no worker is idle (then nobody can take the driver; a stall that
+    /// lasts is the stall verdict's to report).
+    pub fn check(
+        &mut self,
+        now: Instant,
+        workers: &[WorkerSample],
+        heartbeat_age: Option<Duration>,
+    ) -> Option<Rescue> {
+        // A check far later than planned: the monitor itself did not run (the process
+        // was paused, or a scan took long). What the workers did meanwhile is unknown,
+        // and the heartbeat's age counts the pause: start afresh, and let a late
+        // heartbeat ask only once it has been on time again.
+        let gap = self
+            .last_check
+            .replace(now)
+            .map(|at| now.saturating_duration_since(at));
+        if gap.is_some_and(|gap| gap > (self.after * 2).max(PAUSE)) {
+            self.workers.clear();
+            self.heartbeat_rescued = true;
+        }
+        if self.workers.len() != workers.len() {
+            self.workers = workers
+                .iter()
+                .map(|&sample| Seen {
+                    sample,
+                    since: now,
+                    rescued: false,
+                })
+                .collect();
+        }
+        let mut idle = 0;
+        // The worker longest in one poll, not rescued yet.
+        let mut stuck: Option<(usize, Duration)> = None;
+        for (index, (seen, &sample)) in self.workers.iter_mut().zip(workers).enumerate() {
+            if seen.sample != sample {
+                *seen = Seen {
+                    sample,
+                    since: now,
+                    rescued: false,
+                };
+            }
+            if sample.is_idle() {
+                idle += 1;
+                continue;
+            }
+            let in_poll_for = now.saturating_duration_since(seen.since);
+            if !seen.rescued
+                && in_poll_for >= self.after
+                && stuck.is_none_or(|(_, d)| in_poll_for > d)
+            {
+                stuck = Some((index, in_poll_for));
+            }
+        }
+        let late = match (heartbeat_age, self.heartbeat_period) {
+            (Some(age), Some(period)) if age > period * 2 => Some(age),
+            _ => None,
+        };
+        if late.is_none() {
+            self.heartbeat_rescued = false;
+        }
+        if idle == 0
+            || self
+                .last_rescue
+                .is_some_and(|at| now.saturating_duration_since(at) < self.after)
+        {
+            return None;
+        }
+        let (cause, unattended) = match (stuck, late) {
+            (Some((worker, in_poll_for)), _) => {
+                self.workers[worker].rescued = true;
+                (Cause::WorkerInOnePoll { worker }, in_poll_for)
+            }
+            (None, Some(age)) if !self.heartbeat_rescued => (Cause::HeartbeatLate { age }, age),
+            _ => return None,
+        };
+        // One wake serves both: a late heartbeat does not ask again in this stretch.
+        self.heartbeat_rescued |= late.is_some();
+        self.last_rescue = Some(now);
+        Some(Rescue {
+            cause,
+            unattended,
+            idle,
+            workers: workers.len(),
+        })
+    }
+}
+
+/// How often the rescue WARN is written at most; rescues in between are counted into
+/// the next one (and each one into the metrics).
+pub const RESCUE_REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Which rescues get a WARN: the first, then at most one per [`RESCUE_REPORT_EVERY`].
+#[derive(Debug, Default)]
+pub(crate) struct RescueReports {
+    last: Option<Instant>,
+    unreported: u64,
+}
+
+impl RescueReports {
+    /// Whether a rescue at `now` would be reported.
+    #[must_use]
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.last
+            .is_none_or(|at| now.saturating_duration_since(at) >= RESCUE_REPORT_EVERY)
+    }
+
+    /// A rescue at `now`: `Some(n)` to report it, `n` being the rescues left unreported
+    /// since the previous report; `None` to count it only.
+    pub(crate) fn report(&mut self, now: Instant) -> Option<u64> {
+        if !self.due(now) {
+            self.unreported += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unreported))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn idle(n: u64) -> WorkerSample {
+        WorkerSample {
+            park_unpark: 2 * n + 1,
+            busy_ns: n,
+        }
+    }
+
+    fn running(n: u64, busy_ns: u64) -> WorkerSample {
+        WorkerSample {
+            park_unpark: 2 * n,
+            busy_ns,
+        }
+    }
+
+    fn watch() -> DriverWatch {
+        DriverWatch::new(20 * MS, Some(500 * MS))
+    }
+
+    #[test]
+    fn a_worker_in_one_poll_with_another_idle_is_rescued_once() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let fresh = Some(10 * MS);
+        // Worker 0 leaves the driver to run a task; 1 and 2 sleep.
+        let workers = [running(5, 100), idle(3), idle(4)];
+        assert_eq!(w.check(t0, &workers, fresh), None);
+        assert_eq!(w.check(t0 + 10 * MS, &workers, fresh), None);
+        let rescue = w.check(t0 + 20 * MS, &workers, fresh).expect("a rescue");
+        assert_eq!(
+            rescue,
+            Rescue {
+                cause: Cause::WorkerInOnePoll { worker: 0 },
+                unattended: 20 * MS,
+                idle: 2,
+                workers: 3,
+            }
+        );
+        // The same poll goes on: no second wake, however long.
+        for n in 3..100 {
+            assert_eq!(w.check(t0 + n * 10 * MS, &workers, fresh), None);
+        }
+        // The poll returns and the worker parks; a later poll of its own is a new stretch.
+        let later = [running(6, 900), idle(3), idle(4)];
+        let t1 = t0 + 2 * Duration::from_secs(1);
+        assert_eq!(w.check(t1, &later, fresh), None);
+        assert!(w.check(t1 + 20 * MS, &later, fresh).is_some());
+    }
+
+    #[test]
+    fn a_busy_worker_that_publishes_progress_is_left_alone() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        // It never parks, but its busy time moves: it runs many tasks, and drives the
+        // driver between them.
+        for n in 0..50u32 {
+            let workers = [running(5, 1_000 * u64::from(n)), idle(3)];
+            assert_eq!(w.check(t0 + n * 10 * MS, &workers, Some(MS)), None);
+        }
+    }
+
+    #[test]
+    fn nobody_is_woken_when_no_worker_is_idle() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), running(7, 200)];
+        for n in 0..50 {
+            assert_eq!(w.check(t0 + n * 10 * MS, &workers, Some(n * 10 * MS)), None);
+        }
+        // One worker comes free while the other is still in its poll: it is woken.
+        let workers = [running(5, 100), idle(8)];
+        let rescue = w.check(t0 + 500 * MS, &workers, Some(500 * MS)).unwrap();
+        assert_eq!(rescue.cause, Cause::WorkerInOnePoll { worker: 0 });
+        assert_eq!(rescue.unattended, 500 * MS);
+    }
+
+    #[test]
+    fn a_late_heartbeat_wakes_once_per_late_stretch() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        // Every worker looks idle (a poll too short to see, say), yet timers are late.
+        let workers = [idle(1), idle(2)];
+        assert_eq!(w.check(t0, &workers, Some(1000 * MS)), None, "two periods");
+        let rescue = w.check(t0 + 10 * MS, &workers, Some(1001 * MS)).unwrap();
+        assert_eq!(rescue.cause, Cause::HeartbeatLate { age: 1001 * MS });
+        assert_eq!(rescue.unattended, 1001 * MS);
+        assert_eq!(w.check(t0 + 900 * MS, &workers, Some(1900 * MS)), None);
+        // On time again, then late again: a new stretch.
+        assert_eq!(
+            w.check(t0 + Duration::from_secs(1), &workers, Some(MS)),
+            None
+        );
+        let t1 = t0 + Duration::from_secs(3);
+        assert_eq!(w.check(t1 - 10 * MS, &workers, Some(MS)), None);
+        assert!(w.check(t1, &workers, Some(2000 * MS)).is_some());
+    }
+
+    #[test]
+    fn a_rescue_for_a_worker_serves_the_late_heartbeat_too() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, Some(MS)), None);
+        let rescue = w.check(t0 + 30 * MS, &workers, Some(1200 * MS)).unwrap();
+        assert_eq!(rescue.cause, Cause::WorkerInOnePoll { worker: 0 });
+        assert_eq!(w.check(t0 + 60 * MS, &workers, Some(1230 * MS)), None);
+    }
+
+    #[test]
+    fn wakes_are_bounded_in_rate() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), running(6, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, None), None);
+        let first = w.check(t0 + 25 * MS, &workers, None).unwrap();
+        assert_eq!(first.cause, Cause::WorkerInOnePoll { worker: 0 });
+        // Worker 1 is stuck as long, but one wake per `after` at most.
+        assert_eq!(w.check(t0 + 30 * MS, &workers, None), None);
+        let second = w.check(t0 + 45 * MS, &workers, None).unwrap();
+        assert_eq!(second.cause, Cause::WorkerInOnePoll { worker: 1 });
+        assert_eq!(second.idle, 1);
+    }
+
+    #[test]
+    fn the_longest_stuck_worker_is_named() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        assert_eq!(w.check(t0, &[idle(1), running(2, 5), idle(4)], None), None);
+        let workers = [running(1, 9), running(2, 5), idle(4)];
+        assert_eq!(w.check(t0 + 10 * MS, &workers, None), None);
+        let rescue = w.check(t0 + 35 * MS, &workers, None).unwrap();
+        assert_eq!(rescue.cause, Cause::WorkerInOnePoll { worker: 1 });
+        assert_eq!(rescue.unattended, 35 * MS);
+    }
+
+    #[test]
+    fn a_pause_of_the_monitor_is_not_taken_for_a_blocked_worker_or_late_timers() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, Some(MS)), None);
+        // The process stopped for 8 s: every worker looks stuck, the heartbeat old.
+        let t1 = t0 + Duration::from_secs(8);
+        assert_eq!(w.check(t1, &workers, Some(Duration::from_secs(8))), None);
+        assert_eq!(
+            w.check(t1 + 10 * MS, &workers, Some(Duration::from_secs(8))),
+            None
+        );
+        // On time again: the heartbeat beats; a worker that then sits in a poll is seen.
+        assert_eq!(
+            w.check(t1 + 20 * MS, &[running(6, 100), idle(3)], Some(MS)),
+            None
+        );
+        assert_eq!(
+            w.check(t1 + 30 * MS, &[running(6, 100), idle(3)], Some(MS)),
+            None
+        );
+        let rescue = w.check(t1 + 40 * MS, &[running(6, 100), idle(3)], Some(MS));
+        assert_eq!(
+            rescue.map(|r| r.cause),
+            Some(Cause::WorkerInOnePoll { worker: 0 })
+        );
+    }
+
+    #[test]
+    fn one_rescue_report_a_minute_counts_the_rest() {
+        let mut reports = RescueReports::default();
+        let t0 = Instant::now();
+        assert!(reports.due(t0));
+        assert_eq!(reports.report(t0), Some(0));
+        assert!(!reports.due(t0 + MS));
+        assert_eq!(reports.report(t0 + MS), None);
+        assert_eq!(reports.report(t0 + 59 * 1000 * MS), None);
+        assert_eq!(reports.report(t0 + RESCUE_REPORT_EVERY), Some(2));
+        assert_eq!(reports.report(t0 + 2 * RESCUE_REPORT_EVERY), Some(0));
+    }
+
+    #[test]
+    fn a_watch_without_heartbeat_judges_workers_alone() {
+        let mut w = DriverWatch::new(20 * MS, None);
+        let t0 = Instant::now();
+        let workers = [idle(1), idle(2)];
+        assert_eq!(w.check(t0, &workers, Some(Duration::from_secs(60))), None);
+        assert_eq!(w.check_every(), 10 * MS);
+    }
+}
