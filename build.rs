@@ -1,10 +1,12 @@
 //! Build script: compresses the release binary's debug sections when it is linked.
 //!
-//! The release profile keeps line tables (`debug = "line-tables-only"`) so that hang
-//! reports name function, file and line; zlib-compressed, they take about a third of
-//! the space, and the symbolizer (the backtrace crate) reads zlib sections. Not zstd:
-//! backtrace reads that only with its `ruzstd` feature. Debug builds are left alone:
-//! compressing their full debug info would slow every test binary's link.
+//! The release profile keeps line tables for this workspace's crates (`debug =
+//! "line-tables-only"`) so that hang reports name function, file and line;
+//! zlib-compressed, they take about a third of the space. The shipped layout
+//! (`tools/ship-symbols.sh`) converts them into a GSYM symbol file, which
+//! `llvm-gsymutil` makes from zlib sections, and strips them from the binary. Debug
+//! builds are left alone: compressing their full debug info would slow every test
+//! binary's link.
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
