@@ -90,6 +90,18 @@ pub mod internals {
         fn request_cancel(&self, id: u64) -> bool;
     }
 
+    /// What the monitor thread alone reads of the runtime's heartbeat.
+    pub trait HeartbeatInternals {
+        /// See `RuntimeHeartbeat::workers`.
+        fn workers(&self, out: &mut Vec<crate::monitor::verdict::driver::WorkerSample>);
+    }
+
+    impl HeartbeatInternals for crate::monitor::RuntimeHeartbeat {
+        fn workers(&self, out: &mut Vec<crate::monitor::verdict::driver::WorkerSample>) {
+            crate::monitor::RuntimeHeartbeat::workers(self, out);
+        }
+    }
+
     impl RegistryInternals for Registry {
         fn take_ended(&self) -> Vec<Ended> {
             Registry::take_ended(self)

@@ -134,7 +134,7 @@ impl RuntimeHeartbeat {
 
     /// Each worker's park count and busy time, from tokio's stable metrics, into `out`
     /// (a few atomic loads per worker, readable from any thread).
-    pub fn workers(&self, out: &mut Vec<WorkerSample>) {
+    pub(crate) fn workers(&self, out: &mut Vec<WorkerSample>) {
         let m = self.handle.metrics();
         out.clear();
         out.extend((0..m.num_workers()).map(|worker| WorkerSample {

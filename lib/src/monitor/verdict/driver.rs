@@ -105,13 +105,7 @@ impl DriverWatch {
         }
     }
 
-    /// How long a worker may sit in one poll before an idle one is woken.
-    #[must_use]
-    pub fn after(&self) -> Duration {
-        self.after
-    }
-
-    /// How often to check: half of [`after`](Self::after), so that a worker is rescued
+    /// How often to check: half of how long a worker may sit in one poll, so that a worker is rescued
     /// between `after` and one and a half times `after` into its poll.
     #[must_use]
     pub fn check_every(&self) -> Duration {
