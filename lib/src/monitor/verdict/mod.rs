@@ -96,7 +96,7 @@ pub struct Config {
     pub api_server_confirm_within: Duration,
     /// With a watched multi-thread runtime: how long a worker may sit in one poll while
     /// another is idle before the monitor wakes an idle one to drive timers and I/O
-    /// (see [`driver`]); `None` never wakes one.
+    /// (the decision is in `verdict/driver.rs`); `None` never wakes one.
     pub driver_rescue_after: Option<Duration>,
 }
 
