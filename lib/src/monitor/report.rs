@@ -251,20 +251,7 @@ pub(crate) fn emit(
             );
         }
         Event::RuntimeStalled { age, in_poll } => {
-            let culprits = name_few(
-                in_poll,
-                NAMED,
-                "; ",
-                |r| r.last_poll_ago(now),
-                |r| {
-                    let f = Fields::of(r, now);
-                    format!(
-                        "{} {} in a poll for {} on {}",
-                        f.controller, f.object, f.last_poll_ago, f.thread
-                    )
-                },
-                |r| format!("{} in-poll", r.controller),
-            );
+            let culprits = name_in_poll(in_poll, now);
             let sample = runtime.unwrap_or_default();
             tracing::error!(
                 target: TARGET,
@@ -349,16 +336,10 @@ pub(crate) fn emit(
     }
 }
 
-/// The WARN of a rescue: the monitor woke an idle worker because a worker sat in one
-/// poll (`in_poll` are the reconciles inside a poll that long) or the heartbeat was
-/// late; `unreported` rescues came since the previous such WARN.
-pub(crate) fn emit_driver_rescue(
-    rescue: &Rescue,
-    in_poll: &[InFlight],
-    now: Instant,
-    unreported: u64,
-) {
-    let culprits = name_few(
+/// The reconciles inside a poll, longest first: the first few named with how long and
+/// on which thread, the rest counted per controller (a stall's and a rescue's culprits).
+fn name_in_poll(in_poll: &[InFlight], now: Instant) -> String {
+    name_few(
         in_poll,
         NAMED,
         "; ",
@@ -371,7 +352,19 @@ pub(crate) fn emit_driver_rescue(
             )
         },
         |r| format!("{} in-poll", r.controller),
-    );
+    )
+}
+
+/// The WARN of a rescue: the monitor woke an idle worker because a worker sat in one
+/// poll (`in_poll` are the reconciles inside a poll that long) or the heartbeat was
+/// late; `unreported` rescues came since the previous such WARN.
+pub(crate) fn emit_driver_rescue(
+    rescue: &Rescue,
+    in_poll: &[InFlight],
+    now: Instant,
+    unreported: u64,
+) {
+    let culprits = name_in_poll(in_poll, now);
     let took_over = fmt_duration(rescue.unattended);
     let what = match (rescue.cause, in_poll.is_empty()) {
         (_, false) => format!(
