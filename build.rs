@@ -1,8 +1,8 @@
 //! Build script: compresses the release binary's debug sections when it is linked.
 //!
-//! The release profile keeps line tables for this workspace's crates (`debug =
-//! "line-tables-only"`) so that hang reports name function, file and line;
-//! zlib-compressed, they take about a third of the space. The shipped layout
+//! The release profile keeps debug info for this workspace's crates (`debug =
+//! "limited"`: functions and line tables, no types) so that hang reports name function,
+//! file and line; zlib-compressed, they take about a third of the space. The shipped layout
 //! (`tools/ship-symbols.sh`) converts them into a GSYM symbol file, which
 //! `llvm-gsymutil` makes from zlib sections, and strips them from the binary. Debug
 //! builds are left alone: compressing their full debug info would slow every test

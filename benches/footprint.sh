@@ -40,8 +40,10 @@ for at in 10 20 30; do
     (( rss > rss_max )) && rss_max=$rss
 done
 
-# Not budgeted, for the record: the first stack capture loads the debug info (parsed,
-# and decompressed from the zlib sections), and it stays loaded for later captures.
+# Not budgeted, for the record: resident memory some seconds after a stack capture.
+# Its peak, and the shipped layout's (the binary without debug sections beside its
+# symbol file), are tests/release_binary.rs's (docs/performance.md, "Stack symbols and
+# capture memory"); an unshipped binary names frames from its symbol table only.
 "$binary" demo --hang-kind block --hang-after 1s --reconcile-deadline 1s \
     --watchdog-interval 100ms --stack-capture-after 1s --health-probe-bind-address 127.0.0.1:0 \
     --metrics-bind-address 0 --duration 30s >/dev/null 2>&1 &

@@ -4,9 +4,19 @@
 //! it was built, at a peak memory near an awaiting hang's; and without its symbols,
 //! a report of addresses and the build id.
 //!
-//! It tests the binary that `RECONCILE_WATCHDOG_RELEASE_BIN` names: `.ci/test` builds it
-//! once with `cargo build --release --locked` and runs this test explicitly (it is not
-//! part of `cargo test --all-targets`, whose builds are debug builds).
+//! It tests the binary that `RECONCILE_WATCHDOG_RELEASE_BIN` names, and the example
+//! operator that embeds the library (`examples/downstream`, built with the release
+//! profile docs/diagnostics.md gives embedders and shipped the same way) that
+//! `RECONCILE_WATCHDOG_DOWNSTREAM_BIN` names: `.ci/test` builds both once with `cargo
+//! build --release --locked` and runs this test explicitly (it is not part of `cargo
+//! test --all-targets`, whose builds are debug builds). The embedder's test runs against
+//! the kmock emulator, as the end-to-end tests do (`RECONCILE_WATCHDOG_E2E_PYTHON`).
+
+// The end-to-end harness, for its emulator: most of it is for other tests.
+#[allow(dead_code)]
+#[path = "e2e/harness.rs"]
+mod harness;
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -38,21 +48,35 @@ fn release_binary() -> String {
     })
 }
 
-/// The shipped layout of the release binary, made once: `tools/ship-symbols.sh` strips
-/// its debug sections and writes `reconcile-watchdog.gsym` beside it.
+/// The path of the embedding example operator's release binary.
+fn downstream_binary() -> String {
+    std::env::var("RECONCILE_WATCHDOG_DOWNSTREAM_BIN").unwrap_or_else(|_| {
+        panic!(
+            "RECONCILE_WATCHDOG_DOWNSTREAM_BIN is not set: build the example operator with \
+             `cargo build --release --locked -p downstream-operator` and name its binary \
+             there (.ci/test does both)"
+        )
+    })
+}
+
+/// The shipped layout of `binary` in `out`, as `tools/ship-symbols.sh` makes it: the
+/// binary without its debug sections, and `NAME.gsym` beside it.
+fn ship(binary: &str, out: &str) -> PathBuf {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let status = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/ship-symbols.sh"))
+        .arg(binary)
+        .arg(&out)
+        .status()
+        .expect("bash runs");
+    assert!(status.success(), "tools/ship-symbols.sh failed: {status}");
+    out.join(Path::new(binary).file_name().expect("a file name"))
+}
+
+/// The shipped layout of the release binary, made once.
 fn shipped_binary() -> &'static Path {
     static SHIPPED: OnceLock<PathBuf> = OnceLock::new();
-    SHIPPED.get_or_init(|| {
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shipped");
-        let status = Command::new("bash")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/ship-symbols.sh"))
-            .arg(release_binary())
-            .arg(&out)
-            .status()
-            .expect("bash runs");
-        assert!(status.success(), "tools/ship-symbols.sh failed: {status}");
-        out.join("reconcile-watchdog")
-    })
+    SHIPPED.get_or_init(|| ship(&release_binary(), "shipped"))
 }
 
 /// One ELF section header: name, flags, file offset and size.
@@ -241,7 +265,7 @@ fn a_block_hang_names_function_file_and_line_relative_to_the_repository() {
     );
     // The lock it waits in was inlined into it: named, with the standard library's file.
     assert!(
-        stack.contains("lock<()> at rust/library/std/src/sync/poison/mutex.rs:"),
+        stack.contains("Mutex<T>::lock at rust/library/std/src/sync/poison/mutex.rs:"),
         "no inlined frame of the lock:\n{stack}"
     );
     assert!(!stack.contains("no symbol file"), "{stack}");
@@ -332,9 +356,24 @@ fn peak_memory_over_a_hundred_captures_stays_near_an_awaiting_hang() {
     ];
     let (blocking, received) = demo(shipped_binary(), "block", &timings);
     let (awaiting, _) = demo(shipped_binary(), "await", &timings);
-    let (blocking_pid, awaiting_pid) = (blocking.0.id(), awaiting.0.id());
+    let _ =
+        peak_over_a_hundred_captures("reconcile-watchdog demo", &blocking, &received, &awaiting);
+}
+
+/// Reads the peak resident memory of `capturing`, whose JSON log events `received`
+/// gets, and of `resting`, which runs the same hangs without capturing, at the 1st,
+/// 10th and 100th stack captured; asserts the budget at each. Returns the stack of the
+/// first report of a reconcile blocked in its poll.
+fn peak_over_a_hundred_captures(
+    label: &str,
+    capturing: &Killed,
+    received: &mpsc::Receiver<serde_json::Value>,
+    resting: &Killed,
+) -> String {
+    let (capturing_pid, resting_pid) = (capturing.0.id(), resting.0.id());
     let mut captures = 0;
     let mut took_ms = Vec::new();
+    let mut first_stack = None;
     let start = Instant::now();
     let patience = PATIENCE * 6;
     while captures < 100 {
@@ -342,36 +381,154 @@ fn peak_memory_over_a_hundred_captures_stays_near_an_awaiting_hang() {
         let event = received
             .recv_timeout(left)
             .unwrap_or_else(|e| panic!("{captures} captures within {patience:?}: {e}"));
+        if first_stack.is_none()
+            && field(&event, "message").starts_with("reconcile hung:")
+            && field(&event, "state") == "in-poll"
+        {
+            first_stack = Some(field(&event, "stack"));
+        }
         if event["message"] == "stack symbolized" {
             let us = event["took_us"].as_u64().unwrap_or_default();
             took_ms.push(us / 1000);
             captures += 1;
             if [1, 10, 100].contains(&captures) {
-                // The peak so far includes this capture's; the awaiting run's is its
+                // The peak so far includes this capture's; the resting run's is its
                 // peak with as many hangs reported.
-                let peak = status_bytes(blocking_pid, "VmHWM:");
-                let awaiting_peak = status_bytes(awaiting_pid, "VmHWM:");
-                let now = status_bytes(blocking_pid, "VmRSS:");
+                let peak = status_bytes(capturing_pid, "VmHWM:");
+                let resting_peak = status_bytes(resting_pid, "VmHWM:");
+                let now = status_bytes(capturing_pid, "VmRSS:");
                 eprintln!(
-                    "after capture {captures}: peak {} KiB (awaiting run's peak {} KiB), \
-                     resident {} KiB; symbolization took {} ms",
+                    "{label}: after capture {captures}: peak {} KiB (the run without captures: \
+                     peak {} KiB), resident {} KiB; symbolization took {} ms",
                     peak / 1024,
-                    awaiting_peak / 1024,
+                    resting_peak / 1024,
                     now / 1024,
                     took_ms.last().unwrap()
                 );
                 assert!(
-                    peak <= awaiting_peak + CAPTURE_MEMORY_BUDGET,
-                    "peak {peak} bytes by capture {captures}, awaiting {awaiting_peak}: over the budget"
+                    peak <= resting_peak + CAPTURE_MEMORY_BUDGET,
+                    "peak {peak} bytes by capture {captures}, without captures \
+                     {resting_peak}: over the budget"
                 );
             }
         }
     }
     took_ms.sort_unstable();
     eprintln!(
-        "symbolization of one stack: median {} ms, max {} ms over {} captures",
+        "{label}: symbolization of one stack: median {} ms, max {} ms over {} captures",
         took_ms[took_ms.len() / 2],
         took_ms.last().unwrap(),
         took_ms.len()
+    );
+    first_stack.expect("an in-poll hang report")
+}
+
+/// The example operator of `binary`, watching the cluster's namespace with these
+/// watchdog flags; its JSON log events sent to the receiver.
+fn downstream(
+    binary: &Path,
+    cluster: &harness::Cluster,
+    flags: &[&str],
+) -> (Killed, mpsc::Receiver<serde_json::Value>) {
+    let mut operator = Command::new(binary)
+        .arg(format!("--namespace={}", cluster.namespace))
+        .args([
+            "--log-format=json",
+            "--health-probe-bind-address=127.0.0.1:0",
+            "--metrics-bind-address=0",
+            "--debug-bind-address=0",
+        ])
+        .args(flags)
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .env("RUST_LOG", "info,reconcile_watchdog::stack=debug")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(Killed)
+        .expect("the example operator starts");
+    let (events, received) = mpsc::channel();
+    // tracing-subscriber's fmt writes to standard output; the rest goes to standard error.
+    let logs = BufReader::new(operator.0.stdout.take().unwrap());
+    let errors = BufReader::new(operator.0.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in errors.lines().map_while(Result::ok) {
+            eprintln!("downstream-operator: {line}");
+        }
+    });
+    std::thread::spawn(move || {
+        for line in logs.lines().map_while(Result::ok) {
+            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
+                let _ = events.send(event);
+            }
+        }
+    });
+    (operator, received)
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn an_embedding_operators_captures_stay_near_its_peak_without_them() {
+    let shipped = {
+        static SHIPPED: OnceLock<PathBuf> = OnceLock::new();
+        SHIPPED.get_or_init(|| ship(&downstream_binary(), "shipped-downstream"))
+    };
+    let size = |path: &Path| std::fs::metadata(path).expect("it was written").len();
+    eprintln!(
+        "downstream-operator shipped: binary {} bytes, symbol file {} bytes",
+        size(shipped),
+        size(&shipped.with_extension("gsym"))
+    );
+    let cluster = harness::Cluster::start("embedder_capture_memory");
+    // Its reconcile blocks its worker for 600 ms and comes back 600 ms later: a hang
+    // every 1.2 s, each a new stuck poll (about two minutes for a hundred).
+    let mut configmap = k8s_openapi::api::core::v1::ConfigMap::default();
+    configmap.metadata.name = Some("times-out".into());
+    configmap.metadata.annotations = Some(
+        [(
+            "downstream.example/block-for".to_owned(),
+            "600ms".to_owned(),
+        )]
+        .into(),
+    );
+    cluster
+        .runtime
+        .block_on(
+            cluster
+                .configmaps()
+                .create(&kube::api::PostParams::default(), &configmap),
+        )
+        .expect("the ConfigMap is created");
+    let flags = |capture: &'static str| {
+        [
+            "--reconcile-deadline=300ms",
+            "--watchdog-interval=50ms",
+            capture,
+            "--hang-report-burst=1000",
+            "--hang-reports-per-minute=60000",
+        ]
+    };
+    let (capturing, received) =
+        downstream(shipped, &cluster, &flags("--stack-capture-after=150ms"));
+    let (resting, _) = downstream(shipped, &cluster, &flags("--stack-capture-after=off"));
+    let stack =
+        peak_over_a_hundred_captures("downstream-operator", &capturing, &received, &resting);
+    // The reports name the synchronous call with the example's file and line.
+    let blocked = stack
+        .lines()
+        .find(|l| l.contains("call_synchronous_dependency"))
+        .unwrap_or_else(|| panic!("no call_synchronous_dependency frame:\n{stack}"));
+    assert!(
+        blocked.contains(
+            "downstream_operator::call_synchronous_dependency at examples/downstream/src/main.rs:"
+        ),
+        "not named with the example's file and line: {blocked}"
+    );
+    // Its caller, the reconcile (an async fn's body, inlined into the guard's poll).
+    assert!(
+        stack.contains(
+            "downstream_operator::reconcile::{{closure}} at examples/downstream/src/main.rs:"
+        ),
+        "no reconcile frame with its file and line:\n{stack}"
     );
 }

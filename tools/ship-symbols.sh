@@ -6,19 +6,30 @@
 #
 #   bash tools/ship-symbols.sh target/release/my-operator OUT_DIR
 #
-# Needs llvm-gsymutil and llvm-objcopy (Debian: `apt-get install llvm`, which puts them
-# in /usr/lib/llvm-N/bin).
+# Needs llvm-gsymutil and llvm-objcopy: from LLVM_BIN if set, else from the newest
+# /usr/lib/llvm-N/bin (Debian: `apt-get install llvm`; the image uses LLVM 19), else
+# from PATH.
 set -euo pipefail
+if [[ $# -ne 2 || ! -f $1 ]]; then
+    echo "usage: bash tools/ship-symbols.sh BINARY OUT_DIR (BINARY: a release build with line tables)" >&2
+    exit 2
+fi
 binary=$1 out=$2
 tool() {
-    command -v "$1" 2>/dev/null && return
-    # Debian's llvm package puts only some tools on PATH; all are in its own folder.
-    find /usr/lib -maxdepth 3 -path '/usr/lib/llvm-*/bin/*' -name "$1" 2>/dev/null | sort -V | tail -n 1
+    if [[ -n ${LLVM_BIN:-} ]]; then
+        [[ -x $LLVM_BIN/$1 ]] && echo "$LLVM_BIN/$1"
+        return
+    fi
+    # Debian's llvm package puts only some tools on PATH, and an older LLVM's may be
+    # there; every version's are in its own folder.
+    local newest
+    newest=$(find /usr/lib -maxdepth 3 -path '/usr/lib/llvm-*/bin/*' -name "$1" 2>/dev/null | sort -V | tail -n 1)
+    if [[ -n $newest ]]; then echo "$newest"; else command -v "$1" 2>/dev/null || true; fi
 }
 gsymutil=$(tool llvm-gsymutil)
 objcopy=$(tool llvm-objcopy)
 if [[ -z $gsymutil || -z $objcopy ]]; then
-    echo "ship-symbols: llvm-gsymutil and llvm-objcopy are needed (apt-get install llvm)" >&2
+    echo "ship-symbols: llvm-gsymutil and llvm-objcopy are needed (apt-get install llvm, or LLVM_BIN=DIR)" >&2
     exit 1
 fi
 name=$(basename "$binary")

@@ -4,12 +4,18 @@
 //! the operator's own command line, the watchdog started from them beside the runtime,
 //! the API server check, an error variant for the guard's errors and `guarded` around
 //! the reconcile. Without the feature this is a plain kube-runtime operator, which
-//! docs/embedding.md compares it with.
+//! docs/embedding.md compares it with. Logs go through `tracing`: the watchdog's hang
+//! reports are log events, and without a subscriber nobody reads them.
+//!
+//! A ConfigMap annotated `downstream.example/block-for: DURATION` stands for a
+//! dependency that keeps timing out: its reconcile blocks its worker thread that long
+//! in a synchronous call, then comes back as long after. The watchdog reports it with
+//! the blocked thread's stack (the release-binary tests measure that capture's memory).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::controller::{Action, Controller};
@@ -24,10 +30,20 @@ struct Cli {
     #[arg(long, env = "DOWNSTREAM_NAMESPACE")]
     namespace: Option<String>,
 
+    /// Log lines as text or one JSON object each
+    #[arg(long, env = "DOWNSTREAM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     /// The watchdog's flags: --reconcile-deadline-for NAME=DURATION and the others.
     #[cfg(feature = "watchdog")]
     #[command(flatten)]
     watchdog: reconcile_watchdog::WatchdogArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -40,14 +56,37 @@ enum Error {
     Watchdog(#[from] reconcile_watchdog::guard::Error),
 }
 
+/// The annotation whose duration a reconcile blocks its thread for.
+const BLOCK_FOR: &str = "downstream.example/block-for";
+
 async fn reconcile(configmap: Arc<ConfigMap>, _: Arc<()>) -> Result<Action, Error> {
+    let name = configmap.name_any();
+    if let Some(block) = configmap.annotations().get(BLOCK_FOR) {
+        let Ok(duration) = humantime::parse_duration(block) else {
+            tracing::warn!(configmap = %name, "{BLOCK_FOR}: not a duration: {block:?}");
+            return Ok(Action::await_change());
+        };
+        let took = call_synchronous_dependency(duration);
+        tracing::info!(configmap = %name, took = ?took, "the synchronous call returned");
+        return Ok(Action::requeue(duration));
+    }
     let keys = configmap.data.as_ref().map_or(0, |data| data.len());
-    println!("reconciled {} ({keys} keys)", configmap.name_any());
+    tracing::info!(configmap = %name, keys, "reconciled");
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
+/// A synchronous call that does not return for `duration`: a blocking client, a
+/// `std::sync::Mutex` held elsewhere. Not inlined: its frame is named even where only
+/// the symbol table is left.
+#[inline(never)]
+fn call_synchronous_dependency(duration: Duration) -> Duration {
+    let start = std::time::Instant::now();
+    std::thread::sleep(duration);
+    start.elapsed()
+}
+
 fn error_policy(_: Arc<ConfigMap>, error: &Error, _: Arc<()>) -> Action {
-    eprintln!("reconcile failed: {error}");
+    tracing::warn!("reconcile failed: {error}");
     Action::requeue(Duration::from_secs(5))
 }
 
@@ -55,6 +94,14 @@ fn error_policy(_: Arc<ConfigMap>, error: &Error, _: Arc<()>) -> Action {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A malformed flag exits 2 here, naming it, before anything starts.
     let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+    );
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        // One object per event, its fields beside the message (a report's stack is one).
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     let config = kube::Config::infer().await?;
 
     #[cfg(feature = "watchdog")]
