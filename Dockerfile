@@ -12,7 +12,8 @@
 FROM rust:1.95-slim-trixie AS build
 # llvm-gsymutil and llvm-objcopy make the shipped layout (tools/ship-symbols.sh): the
 # binary without debug sections and its GSYM symbol file, which hang reports' stacks are
-# resolved from in a few pages of memory (docs/diagnostics.md, "Symbols").
+# resolved from in a few pages of memory (docs/diagnostics.md, "Symbols"). Debian 13's
+# llvm is LLVM 19, the version CI's release-binary tests make the symbol file with.
 # Not pinned (DL3008): the base image's Debian release fixes the version.
 # hadolint ignore=DL3008
 RUN apt-get update \
