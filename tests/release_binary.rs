@@ -203,16 +203,21 @@ fn demo(
         .spawn()
         .map(Killed)
         .expect("the release binary starts");
+    let received = json_events(demo.0.stderr.take().unwrap());
+    (demo, received)
+}
+
+/// The JSON objects among the lines of `logs`, read on a thread of their own.
+fn json_events(logs: impl std::io::Read + Send + 'static) -> mpsc::Receiver<serde_json::Value> {
     let (events, received) = mpsc::channel();
-    let logs = BufReader::new(demo.0.stderr.take().unwrap());
     std::thread::spawn(move || {
-        for line in logs.lines().map_while(Result::ok) {
+        for line in BufReader::new(logs).lines().map_while(Result::ok) {
             if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
                 let _ = events.send(event);
             }
         }
     });
-    (demo, received)
+    received
 }
 
 /// One block hang, reported once with its stack.
@@ -447,20 +452,12 @@ fn downstream(
         .spawn()
         .map(Killed)
         .expect("the example operator starts");
-    let (events, received) = mpsc::channel();
     // tracing-subscriber's fmt writes to standard output; the rest goes to standard error.
-    let logs = BufReader::new(operator.0.stdout.take().unwrap());
+    let received = json_events(operator.0.stdout.take().unwrap());
     let errors = BufReader::new(operator.0.stderr.take().unwrap());
     std::thread::spawn(move || {
         for line in errors.lines().map_while(Result::ok) {
             eprintln!("downstream-operator: {line}");
-        }
-    });
-    std::thread::spawn(move || {
-        for line in logs.lines().map_while(Result::ok) {
-            if let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) {
-                let _ = events.send(event);
-            }
         }
     });
     (operator, received)
