@@ -57,8 +57,8 @@ fn scan(c: &mut Criterion) {
 /// `observed/{observer}`: one guarded `ready` reconcile on one thread, with the
 /// registry's end-of-reconcile observer: none, the deadline advisor (a duration sketch
 /// per controller), the metrics, or both as the watchdog wires them. Its difference from
-/// `observed/none` is what an observer costs per reconcile (issue 15 measures the
-/// advisor with it).
+/// `observed/none` is what an observer costs per reconcile (the deadline advisor's
+/// figures in docs/performance.md are measured with it).
 fn observed(c: &mut Criterion) {
     use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Criterion bench of a task dump (issue 22, feature `task-dump`): what the monitor's
+//! Criterion bench of a task dump (feature `task-dump`): what the monitor's
 //! `Handle::dump` of the watched runtime costs with 1,000 tasks alive, each parked a
 //! few `async fn`s deep, as reconciles awaiting the API server are. The runtime's
 //! workers are paused for the length of a dump, so this is also the bound on how long

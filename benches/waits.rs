@@ -1,4 +1,4 @@
-//! Criterion benches of what saying where a reconcile waits costs (issue 22): a guarded
+//! Criterion benches of what saying where a reconcile waits costs: a guarded
 //! poll that publishes its reconcile to the thread beside one that does not; an API
 //! request through the attribution layer inside a guarded reconcile beside the same
 //! request bare; and a labelled await beside a bare one.

@@ -1,4 +1,4 @@
-//! Criterion bench of the watch freshness layer (issue 12): one body frame of a watch
+//! Criterion bench of the watch freshness layer: one body frame of a watch
 //! response read through the layer (a clock read and an atomic maximum) beside the same
 //! frame read bare, and a request the layer passes over (a GET of one object).
 

@@ -1,4 +1,4 @@
-//! Flags that parse alone but cannot work together exit 2, naming both (issue 10).
+//! Flags that parse alone but cannot work together exit 2, naming both.
 
 mod support;
 

@@ -96,7 +96,7 @@ fn callgrind(args: &[&str]) -> u64 {
 /// How far above its recorded figure a count may rise before the check fails.
 const TOLERANCE: f64 = 0.10;
 
-/// The guard as `run` ships it may cost at most this many times the floor (issue 26).
+/// The guard as `run` ships it may cost at most this many times the floor.
 const BUDGET: f64 = 1.3;
 
 /// Reconciles per callgrind run for the check (and twice that): enough that start-up

@@ -1,4 +1,4 @@
-//! Hang reports as Events on the hung objects (issue 24): one series per hang, its end,
+//! Hang reports as Events on the hung objects: one series per hang, its end,
 //! none when turned off, and none that slows a reconcile during an API outage.
 
 use std::net::SocketAddr;

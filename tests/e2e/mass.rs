@@ -1,4 +1,4 @@
-//! Mass failure (issue 10): 150 objects whose requests are black-holed at once, and an
+//! Mass failure: 150 objects whose requests are black-holed at once, and an
 //! outage of the whole API server while reconciles are past their deadline.
 
 use std::time::{Duration, Instant};
@@ -180,7 +180,7 @@ fn emulator_150_black_holed_objects_keep_probes_and_logs_bounded() {
         "{} ERROR/WARN lines for {OBJECTS} hangs: {loud:#?}",
         loud.len()
     );
-    // Their Events (issue 24) are the log's per-reconcile lines, so the same budget
+    // Their Events are the log's per-reconcile lines, so the same budget
     // bounds them: one write (a create, or a series patch) per line at most.
     // (Writes first: each follows its line, so lines read after them are at least as many.)
     let writes = cluster.emulator().event_writes();

@@ -1,4 +1,4 @@
-//! Request attribution (issue 22): a reconcile stuck on an API request that never gets
+//! Request attribution: a reconcile stuck on an API request that never gets
 //! an answer is reported with the request it waits on, and its `/debug/reconciles` row
 //! carries it; released, the entry is gone.
 

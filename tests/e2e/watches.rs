@@ -1,4 +1,4 @@
-//! Watch freshness (issue 12): watches that deliver nothing fail readiness, naming the
+//! Watch freshness: watches that deliver nothing fail readiness, naming the
 //! controller and the resource, while liveness holds; released, readiness recovers and a
 //! new object is reconciled.
 

@@ -10,7 +10,7 @@ object, as if the API server had lost it, until told to release it:
     POST /_emulator/black-hole/NAME   hold every later request whose path names NAME
     POST /_emulator/release/NAME      answer the held requests, and those to come
 
-For mass failures and outages (issue 10), it can also hold many requests at once, each
+For mass failures and outages, it can also hold many requests at once, each
 an awaited event (no thread, no timer), so that holding hundreds costs nothing:
 
     POST /_emulator/hold-prefix/PREFIX     hold every later request with a path segment
@@ -19,7 +19,7 @@ an awaited event (no thread, no timer), so that holding hundreds costs nothing:
     POST /_emulator/outage/start           answer nothing at all (discovery and /version
                                            included) but these controls
     POST /_emulator/outage/end             answer everything held by the outage
-Watches (issue 12) carry a BOOKMARK event every --bookmark-every seconds (1 by default;
+Watches carry a BOOKMARK event every --bookmark-every seconds (1 by default;
 a real API server sends one about every minute, kmock none), and can be held:
 
     POST /_emulator/hold-watches/all       every watch, open or new, delivers nothing (no
@@ -27,7 +27,7 @@ a real API server sends one about every minute, kmock none), and can be held:
                                            bookmark) until released
     POST /_emulator/release-watches/all    they deliver again
 
-Events (events.k8s.io/v1, issue 24) are stored like any object; every write to them
+Events (events.k8s.io/v1) are stored like any object; every write to them
 (POST or PATCH, held or not) is counted as it arrives:
 
     GET /_emulator/event-writes            how many, as a decimal number
