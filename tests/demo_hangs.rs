@@ -174,7 +174,7 @@ fn a_wedged_runtime_fails_healthz_while_the_probe_keeps_answering() {
 
 #[test]
 fn a_wedged_runtime_reports_the_reconciles_it_starves_as_its_victims() {
-    // The set-up: past their 2s deadline while every worker is blocked, the
+    // The set-up that showed it: past their 2s deadline while every worker is blocked, the
     // other reconciles were reported as awaits that never woke.
     let demo = demo(&[
         "--hang-kind",
