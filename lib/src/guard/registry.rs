@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::clock;
-use super::entry::{Clocks, Entry, Epoch, InFlight, KEY_MASK, ObjectKey, Outcome, key_of};
+use super::entry::{
+    Clocks, Entry, Epoch, InFlight, KEY_MASK, ObjectKey, Outcome, PollState, key_of,
+};
 use super::fanout::{Both, Fanout};
 use super::guarded::Guarded;
 use super::thread::InfoCache;
@@ -506,6 +508,32 @@ impl Registry {
             if in_poll
                 && entry.in_poll()
                 && let Some(copy) = entry.snapshot_running(&clocks, &mut threads)
+            {
+                out.push(copy);
+            }
+        }
+    }
+
+    /// Copies into `out` only the reconciles inside a poll that began at least `for_at_least`
+    /// before `now`: a rescue's culprits. Like [`scan_into`](Self::scan_into) with
+    /// `in_poll`, it reads one word of each entry and copies none but those; it marks
+    /// nothing.
+    pub(crate) fn in_poll_into(
+        &self,
+        now: Instant,
+        for_at_least: Duration,
+        out: &mut Vec<InFlight>,
+    ) {
+        out.clear();
+        let clocks = Clocks::at(now);
+        let mut threads = InfoCache::default();
+        for slot in self.shared.in_flight.iter() {
+            if !slot.entry.in_poll() {
+                continue;
+            }
+            if let Some(copy) = slot.entry.snapshot_running(&clocks, &mut threads)
+                && matches!(copy.poll, PollState::InPoll { since }
+                    if now.saturating_duration_since(since) >= for_at_least)
             {
                 out.push(copy);
             }

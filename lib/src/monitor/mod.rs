@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::guard::{InFlight, PollState, Registry};
+use crate::guard::{InFlight, Registry};
 use crate::health::{Check, Health};
 
 pub use api_server::ApiServerStatus;
@@ -47,7 +47,7 @@ pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
 pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
 
-use verdict::driver::{Cause, DriverWatch, RescueReports, WorkerSample};
+use verdict::driver::{Cause, Culprit, DriverWatch, Rescue, RescueReports, WorkerSample};
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -440,6 +440,8 @@ struct Rescuer<'a> {
     watch: DriverWatch,
     reports: RescueReports,
     samples: Vec<WorkerSample>,
+    /// The reconciles inside a poll at a rescue (reused).
+    in_poll: Vec<InFlight>,
     next_check: Instant,
     /// Rescues since the previous scan.
     rescues: u64,
@@ -455,6 +457,7 @@ impl<'a> Rescuer<'a> {
             watch: DriverWatch::new(after, Some(runtime.period)),
             reports: RescueReports::default(),
             samples: Vec::new(),
+            in_poll: Vec::new(),
             next_check: Instant::now(),
             rescues: 0,
         })
@@ -472,44 +475,53 @@ impl<'a> Rescuer<'a> {
     fn check(&mut self, now: Instant, registry: &Registry) {
         self.runtime.workers(&mut self.samples);
         let age = self.runtime.heartbeat.age(now);
-        let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) else {
-            return;
-        };
-        // The wake first, the report after: a woken worker that finds no more work
-        // parks on the free driver.
-        drop(self.runtime.handle.spawn(async {}));
-        self.rescues += 1;
-        if !self.reports.due(now) {
-            self.reports.report(now);
-            return;
+        if let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) {
+            // The wake first, the report after: a woken worker that finds no more work
+            // parks on the free driver.
+            drop(self.runtime.handle.spawn(async {}));
+            self.rescues += 1;
+            self.report(&rescue, registry);
         }
-        // At most one report a minute: a copy of the registry is affordable then.
+        // The rescues held since the previous WARN get theirs once its minute has
+        // passed, whether or not another rescue comes.
+        if let Some(held) = self.reports.flush(now) {
+            report::emit_held_rescues(&held);
+        }
+    }
+
+    fn report(&mut self, rescue: &Rescue, registry: &Registry) {
         let now = Instant::now();
         // The worker's stretch without parking began up to a check before the monitor
         // saw it, and may have run other tasks before the reconcile's poll: a poll of
-        // half the threshold is long enough to be the one that holds it.
-        let after = self.watch.check_every();
-        let in_poll: Vec<InFlight> = registry
-            .snapshot()
-            .into_iter()
-            .filter(|r| {
-                matches!(r.poll, PollState::InPoll { since }
-                    if now.saturating_duration_since(since) >= after)
-            })
-            .collect();
+        // half the threshold is long enough to be the one that holds it. Only the
+        // reconciles inside a poll are copied, at every rescue, reported at once or not.
+        registry.in_poll_into(now, self.watch.check_every(), &mut self.in_poll);
         // A worker in one poll with no reconcile inside a long one may only have
-        // been preempted (a loaded node): counted, and left to the debug log, so that
-        // the report's budget goes to what it can name.
-        if in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }) {
+        // been preempted (a loaded node): counted into the next WARN, and left to the
+        // debug log, so that the report's budget goes to what it can name.
+        let reportable =
+            !(self.in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }));
+        if !reportable {
             tracing::debug!(
                 target: report::RUNTIME_TARGET,
                 unattended = ?rescue.unattended,
                 "woke an idle worker: a worker sat in one poll with no guarded reconcile inside one"
             );
-            return;
         }
-        if let Some(unreported) = self.reports.report(now) {
-            report::emit_driver_rescue(&rescue, &in_poll, now, unreported);
+        let culprits = self.in_poll.iter().map(|r| Culprit {
+            controller: Arc::clone(&r.controller),
+            object: r.object.clone(),
+            in_poll_for: r.last_poll_ago(now).unwrap_or_default(),
+        });
+        if let Some(held) = self.reports.rescue(now, culprits, reportable) {
+            report::emit_driver_rescue(rescue, &self.in_poll, now, &held);
+        }
+    }
+
+    /// The monitor stops: the rescues held are reported now, not lost.
+    fn flush_all(&mut self) {
+        if let Some(held) = self.reports.take() {
+            report::emit_held_rescues(&held);
         }
     }
 }
@@ -628,6 +640,9 @@ fn run(
                 .map_or(next, |r| r.check_if_due(now, registry).min(next));
             std::thread::park_timeout(wake.saturating_duration_since(now));
         }
+    }
+    if let Some(rescuer) = rescuer.as_mut() {
+        rescuer.flush_all();
     }
 }
 
