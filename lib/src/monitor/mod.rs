@@ -34,6 +34,7 @@ pub mod verdict;
 #[cfg(test)]
 mod verdict_props;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -550,6 +551,7 @@ fn run(
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
     let mut rescuer = runtime.and_then(|r| Rescuer::new(r, verdict.config().driver_rescue_after));
+    let mut observer_panicked = false;
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -609,7 +611,7 @@ fn run(
         }
         inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
-            observer.scanned(&Scan {
+            let scan = Scan {
                 attention: &snapshot,
                 in_flight_by_controller: &counts,
                 decision: &decision,
@@ -618,7 +620,16 @@ fn run(
                 driver_rescues: rescuer
                     .as_mut()
                     .map_or(0, |r| std::mem::take(&mut r.rescues)),
-            });
+            };
+            // The observer is the user's code: its panic must not end the scans.
+            let told = std::panic::catch_unwind(AssertUnwindSafe(|| observer.scanned(&scan)));
+            if told.is_err() && !observer_panicked {
+                observer_panicked = true;
+                tracing::error!(
+                    target: report::TARGET,
+                    "the monitor's observer panicked; the monitor caught it and scans on (logged once)"
+                );
+            }
         }
         *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
             reconcilers_failure: decision.reconcilers_failure,
@@ -741,6 +752,44 @@ mod tests {
             health.liveness.run_one("watchdog"),
             Some(Err("the watchdog thread has stopped".into()))
         );
+    }
+
+    /// Panics at every scan it is told of.
+    struct Panicking(std::sync::atomic::AtomicUsize);
+
+    impl Observer for Panicking {
+        fn scanned(&self, _: &Scan<'_>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            panic!("an observer's bug");
+        }
+    }
+
+    #[test]
+    fn a_panicking_observer_does_not_stop_the_scans() {
+        let registry = Registry::new(Duration::from_millis(50));
+        let health = Health::new();
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let observer = Arc::new(Panicking(Default::default()));
+        let told = Arc::clone(&observer);
+        let monitor =
+            Monitor::spawn(registry.clone(), &health, config, None, Some(observer)).unwrap();
+        let guard = registry
+            .controller("web", "Widget")
+            .register(ObjectKey::namespaced("ns", "a"));
+        eventually("the hang to fail liveness", || {
+            health
+                .liveness
+                .run_one("reconcilers")
+                .is_some_and(|r| r.is_err())
+        });
+        eventually("more scans", || told.0.load(Ordering::Relaxed) >= 5);
+        assert_eq!(health.liveness.run_one("watchdog"), Some(Ok(())));
+        drop(guard);
+        eventually("liveness to recover", || health.liveness.run(&[]).passed());
+        monitor.stop();
     }
 
     #[test]
