@@ -433,11 +433,76 @@ struct Sources<'a> {
     observer: Option<&'a dyn Observer>,
 }
 
+/// Wakes an idle worker of the watched runtime for the monitor, from a thread of its
+/// own: a spawn takes the runtime's inject-queue lock and allocates, and the monitor
+/// must wait on neither. The monitor sets a flag and unparks the thread (an atomic swap
+/// and, when the thread sleeps, a futex wake): it never waits on it.
+#[derive(Debug)]
+struct WorkerWaker {
+    requests: Arc<WakeRequests>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct WakeRequests {
+    /// A wake is asked for (one spawn serves any number asked for meanwhile).
+    wanted: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl WorkerWaker {
+    fn spawn(handle: tokio::runtime::Handle) -> std::io::Result<Self> {
+        let requests = Arc::new(WakeRequests::default());
+        let thread = {
+            let requests = Arc::clone(&requests);
+            std::thread::Builder::new()
+                .name("reconcile-watchdog-waker".into())
+                .spawn(move || {
+                    loop {
+                        if requests.wanted.swap(false, Ordering::Acquire) {
+                            // With no more work, the woken worker parks on the free
+                            // driver.
+                            drop(handle.spawn(async {}));
+                        } else if requests.stop.load(Ordering::Acquire) {
+                            return;
+                        } else {
+                            std::thread::park();
+                        }
+                    }
+                })?
+        };
+        Ok(Self {
+            requests,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for an idle worker to be woken; returns at once.
+    fn wake(&self) {
+        self.requests.wanted.store(true, Ordering::Release);
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
+    }
+}
+
+impl Drop for WorkerWaker {
+    fn drop(&mut self) {
+        // The monitor stops: waiting for a spawn in progress is no stall then.
+        self.requests.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
 /// The monitor as the runtime's sysmon: between scans, a cheap check of the watched
 /// runtime's workers wakes an idle one when a worker sits in one poll and may have left
 /// tokio's timers and I/O to nobody (see [`verdict::driver`]).
 struct Rescuer<'a> {
     runtime: &'a RuntimeHeartbeat,
+    waker: WorkerWaker,
     watch: DriverWatch,
     reports: RescueReports,
     samples: Vec<WorkerSample>,
@@ -453,8 +518,21 @@ impl<'a> Rescuer<'a> {
     /// current-thread runtime, or one of a single worker, has nobody to wake.
     fn new(runtime: &'a RuntimeHeartbeat, after: Option<Duration>) -> Option<Self> {
         let after = after?;
-        (runtime.handle.metrics().num_workers() > 1).then(|| Self {
+        if runtime.handle.metrics().num_workers() < 2 {
+            return None;
+        }
+        let waker = WorkerWaker::spawn(runtime.handle.clone())
+            .inspect_err(|error| {
+                tracing::error!(
+                    target: report::RUNTIME_TARGET,
+                    %error,
+                    "failed to start the thread that wakes idle runtime workers; no worker will be woken for a blocked one"
+                );
+            })
+            .ok()?;
+        Some(Self {
             runtime,
+            waker,
             watch: DriverWatch::new(after, Some(runtime.period)),
             reports: RescueReports::default(),
             samples: Vec::new(),
@@ -477,9 +555,8 @@ impl<'a> Rescuer<'a> {
         self.runtime.workers(&mut self.samples);
         let age = self.runtime.heartbeat.age(now);
         if let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) {
-            // The wake first, the report after: a woken worker that finds no more work
-            // parks on the free driver.
-            drop(self.runtime.handle.spawn(async {}));
+            // The wake first, the report after.
+            self.waker.wake();
             self.rescues += 1;
             self.report(&rescue, registry);
         }
