@@ -36,7 +36,7 @@ mod verdict_props;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -207,6 +207,26 @@ pub struct Status {
 impl Status {
     fn latest(&self) -> Arc<Published> {
         Arc::clone(&self.published.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Publishes `unpublished`, unless a check holds the lock right now (cloning the
+    /// previous state, or preempted while it does): then it stays for the next try, as
+    /// the monitor never waits on a reader.
+    fn try_publish(&self, unpublished: &mut Option<Arc<Published>>) {
+        let Some(published) = unpublished.take() else {
+            return;
+        };
+        let mut slot = match self.published.try_lock() {
+            Ok(slot) => slot,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                *unpublished = Some(published);
+                return;
+            }
+        };
+        let previous = std::mem::replace(&mut *slot, published);
+        drop(slot);
+        drop(previous);
     }
 
     /// How many reconciles the latest scan found overdue.
@@ -604,6 +624,10 @@ impl<'a> Rescuer<'a> {
     }
 }
 
+/// How soon the monitor tries again to publish a scan's state that a check kept it
+/// from publishing.
+const PUBLISH_RETRY: Duration = Duration::from_millis(1);
+
 fn run(
     registry: &Registry,
     status: &Status,
@@ -708,11 +732,13 @@ fn run(
                 );
             }
         }
-        *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
+        // Kept while a check holds the lock it is published under.
+        let mut unpublished = Some(Arc::new(Published {
             reconcilers_failure: decision.reconcilers_failure,
             runtime_failure: decision.runtime_failure,
             overdue: decision.overdue.len(),
-        });
+        }));
+        status.try_publish(&mut unpublished);
 
         // Sleep to the next tick, checking the runtime's workers meanwhile; park so
         // that `stop` can wake us early. A thread that fell behind (suspended, starved)
@@ -723,9 +749,15 @@ fn run(
             if now >= next {
                 break;
             }
-            let wake = rescuer
+            let mut wake = rescuer
                 .as_mut()
                 .map_or(next, |r| r.check_if_due(now, registry).min(next));
+            if unpublished.is_some() {
+                status.try_publish(&mut unpublished);
+                if unpublished.is_some() {
+                    wake = wake.min(now + PUBLISH_RETRY);
+                }
+            }
             std::thread::park_timeout(wake.saturating_duration_since(now));
         }
     }
@@ -829,6 +861,35 @@ mod tests {
             health.liveness.run_one("watchdog"),
             Some(Err("the watchdog thread has stopped".into()))
         );
+    }
+
+    #[test]
+    fn a_check_holding_the_published_state_does_not_hold_up_the_scans() {
+        let registry = Registry::new(Duration::from_millis(50));
+        let health = Health::new();
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let monitor = Monitor::spawn(registry.clone(), &health, config, None, None).unwrap();
+        let status = Arc::clone(monitor.status());
+        let guard = registry
+            .controller("web", "Widget")
+            .register(ObjectKey::namespaced("ns", "a"));
+        // As a check preempted while it clones the published state would hold it.
+        let held = status.published.lock().unwrap();
+        let scanned = |status: &Status| status.beat.last_ns.load(Ordering::Acquire);
+        let before = scanned(&status);
+        eventually("scans while a check holds the lock", || {
+            scanned(&status) > before + 100_000_000
+        });
+        assert_eq!(held.overdue, 0, "nothing published meanwhile");
+        drop(held);
+        eventually("the held-back state to be published", || {
+            status.overdue() == 1
+        });
+        drop(guard);
+        monitor.stop();
     }
 
     /// Panics at every scan it is told of.
