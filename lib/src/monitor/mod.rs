@@ -589,10 +589,15 @@ impl<'a> Rescuer<'a> {
 
     fn report(&mut self, rescue: &Rescue, registry: &Registry) {
         let now = Instant::now();
+        if !self.reports.wants_culprits(now) {
+            self.reports.hold_unnamed();
+            return;
+        }
         // The worker's stretch without parking began up to a check before the monitor
         // saw it, and may have run other tasks before the reconcile's poll: a poll of
         // half the threshold is long enough to be the one that holds it. Only the
-        // reconciles inside a poll are copied, at every rescue, reported at once or not.
+        // reconciles inside a poll are copied, for a rescue reported at once or held
+        // within the period's lookups.
         registry.in_poll_into(now, self.watch.check_every(), &mut self.in_poll);
         // A worker in one poll with no reconcile inside a long one may only have
         // been preempted (a loaded node): counted into the next WARN, and left to the

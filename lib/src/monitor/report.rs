@@ -11,7 +11,7 @@ use crate::guard::{InFlight, PollState};
 
 use super::inspect::StuckThread;
 use super::summary::{ITEM_BYTES, NAMED, clip, count_groups, name_few};
-use super::verdict::driver::{Cause, Held, Rescue};
+use super::verdict::driver::{Cause, Held, LOOKUPS_PER_REPORT, Rescue};
 use super::verdict::{Event, HangState, Pause, Summary, SummaryKind, fmt_duration};
 
 /// The log target of every hang report.
@@ -452,6 +452,16 @@ fn name_held(held: &Held) -> String {
                 .map(|(c, n)| (c, usize::try_from(*n).unwrap_or(usize::MAX))),
         );
         let _ = write!(out, "and {more} more: {groups}");
+    }
+    if held.unnamed > 0 {
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        let _ = write!(
+            out,
+            "{} rescues not looked up (at most {LOOKUPS_PER_REPORT} lookups between reports)",
+            held.unnamed
+        );
     }
     out
 }

@@ -230,10 +230,21 @@ pub(crate) struct Held {
     pub(crate) named: Vec<(Culprit, u64)>,
     /// The culprits past the first few, per controller.
     pub(crate) counted: Vec<(Arc<str>, u64)>,
+    /// Held rescues counted without looking up their reconciles: the period's lookups
+    /// were spent ([`LOOKUPS_PER_REPORT`]).
+    pub(crate) unnamed: u64,
     /// Held rescues that warrant a WARN: the others (a worker in one poll with no
     /// reconcile inside one) only ride along in the next one's count.
     reportable: u64,
+    /// Held rescues whose reconciles were looked up.
+    lookups: u32,
 }
+
+/// How many held rescues of one report period may look up the reconciles inside a poll:
+/// a lookup reads every entry of the registry (milliseconds at 100,000 in flight), and a
+/// storm of blocking polls must not make the monitor do it every 20 ms. Later rescues of
+/// the period are counted, unnamed.
+pub(crate) const LOOKUPS_PER_REPORT: u32 = 16;
 
 impl Held {
     fn add(&mut self, culprits: impl IntoIterator<Item = Culprit>, reportable: bool) {
@@ -293,7 +304,21 @@ impl RescueReports {
             return Some(std::mem::take(&mut self.held));
         }
         self.held.add(culprits, reportable);
+        self.held.lookups += 1;
         None
+    }
+
+    /// Whether a rescue at `now` should look up the reconciles inside a poll: when a
+    /// report is due, or while the period's lookups last.
+    pub(crate) fn wants_culprits(&self, now: Instant) -> bool {
+        self.due(now) || self.held.lookups < LOOKUPS_PER_REPORT
+    }
+
+    /// A rescue held without a lookup (the period's are spent): counted into the next
+    /// report's rescues, never a WARN by itself.
+    pub(crate) fn hold_unnamed(&mut self) {
+        self.held.rescues += 1;
+        self.held.unnamed += 1;
     }
 
     /// The rescues held, once the period since the previous report has passed and one of
@@ -524,6 +549,7 @@ mod tests {
             Some(Held {
                 rescues: 1,
                 reportable: 1,
+                lookups: 1,
                 ..Held::default()
             })
         );
@@ -609,6 +635,39 @@ mod tests {
             held.counted,
             [(Arc::from("db"), 249), (Arc::from("web"), 747)]
         );
+    }
+
+    #[test]
+    fn held_rescues_past_the_lookup_budget_are_counted_without_a_lookup() {
+        let mut reports = RescueReports::default();
+        let t0 = Instant::now();
+        assert!(reports.wants_culprits(t0));
+        assert!(
+            reports
+                .rescue(t0, [culprit("web", "a", 30)], true)
+                .is_some()
+        );
+        for i in 0..LOOKUPS_PER_REPORT {
+            assert!(reports.wants_culprits(t0 + MS), "lookup {i}");
+            let found = [culprit("web", &format!("o-{i}"), 25)];
+            assert_eq!(reports.rescue(t0 + MS, found, true), None);
+        }
+        assert!(
+            !reports.wants_culprits(t0 + MS),
+            "the period's lookups are spent"
+        );
+        reports.hold_unnamed();
+        reports.hold_unnamed();
+        assert!(
+            reports.wants_culprits(t0 + RESCUE_REPORT_EVERY),
+            "a report is due: it names what it reports"
+        );
+        let held = reports.flush(t0 + RESCUE_REPORT_EVERY).expect("flushed");
+        assert_eq!(held.rescues, u64::from(LOOKUPS_PER_REPORT) + 2);
+        assert_eq!(held.unnamed, 2);
+        assert_eq!(held.named.len(), NAMED);
+        // The budget is per report period.
+        assert!(reports.wants_culprits(t0 + RESCUE_REPORT_EVERY + MS));
     }
 
     #[test]
