@@ -1,4 +1,4 @@
-//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; the monitor's scan at 1,000 to 100,000 in flight; and what an end-of-reconcile observer (the deadline advisor, the metrics) adds.
+//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; the monitor's scan, and a rescue's copy of the reconciles in a poll, at 1,000 to 100,000 in flight; and what an end-of-reconcile observer (the deadline advisor, the metrics) adds.
 
 mod support;
 
@@ -31,7 +31,8 @@ fn guard_overhead(c: &mut Criterion) {
 }
 
 /// `scan/{len}`: one monitor scan (snapshot and verdict) with `len` reconciles in
-/// flight; `scan/floor/{len}`: a pass that only checks each entry's deadline.
+/// flight; `scan/floor/{len}`: a pass that only checks each entry's deadline;
+/// `scan/in_poll/{len}`: the copy a runtime rescue makes of the reconciles inside a poll.
 fn scan(c: &mut Criterion) {
     let sizes: [usize; 3] = if benchmarking() {
         [1_000, 10_000, 100_000]
@@ -45,6 +46,10 @@ fn scan(c: &mut Criterion) {
             b.iter(|| black_box(set.scan()));
         });
         assert_eq!(set.scan(), len);
+        group.bench_function(BenchmarkId::new("in_poll", len), |b| {
+            b.iter(|| black_box(set.in_poll()));
+        });
+        assert_eq!(set.in_poll(), 0);
         let floor = FloorScan::new(len);
         group.bench_function(BenchmarkId::new("floor", len), |b| {
             b.iter(|| black_box(floor.count_overdue(Instant::now())));

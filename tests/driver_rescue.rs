@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use reconcile_watchdog::Watchdog;
-use reconcile_watchdog::guard::ObjectKey;
+use reconcile_watchdog::guard::{ControllerHandle, ObjectKey};
 use reconcile_watchdog::monitor::report;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
@@ -215,6 +215,87 @@ fn a_reconcile_blocking_its_worker_leaves_timers_ticking_and_is_named_once() {
                 .is_some_and(|p| p.contains("current-thread"))
     });
     assert!(stalls.is_empty(), "{stalls:#?}");
+}
+
+/// Runs a guarded reconcile of `object` on `runtime` that sleeps 10 ms and then blocks
+/// its worker for `block`, and waits for it to end.
+fn block_a_worker(
+    runtime: &tokio::runtime::Runtime,
+    controller: &ControllerHandle,
+    object: &ObjectKey,
+    block: Duration,
+) {
+    let lock = Arc::new(Mutex::new(()));
+    let held = lock.lock().unwrap();
+    let blocked = Arc::new(Mutex::new(false));
+    let reconcile = {
+        let (lock, blocked) = (Arc::clone(&lock), Arc::clone(&blocked));
+        controller.guard(object.clone(), async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            *blocked.lock().unwrap() = true;
+            drop(lock.lock().unwrap());
+            Ok::<(), ()>(())
+        })
+    };
+    let reconcile = runtime.spawn(reconcile);
+    support::eventually(PATIENCE, "the reconcile to block", || {
+        blocked.lock().unwrap().then_some(())
+    });
+    std::thread::sleep(block);
+    drop(held);
+    runtime
+        .block_on(reconcile)
+        .expect("the reconcile task ends")
+        .expect("the guard lets it finish")
+        .expect("the reconcile ends well");
+}
+
+#[test]
+fn two_reconciles_blocking_workers_within_the_report_minute_are_both_named() {
+    capture_reports();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let watchdog = Watchdog::builder()
+        .watch_runtime(runtime.handle().clone())
+        .start()
+        .expect("the watchdog starts");
+    let controller = watchdog.registry().controller("twice", "Widget");
+    let (first, second) = (
+        ObjectKey::namespaced("twice", "first"),
+        ObjectKey::namespaced("twice", "second"),
+    );
+    let names = |object: &ObjectKey| {
+        let name = format!("twice {}", object.as_str());
+        reports(move |r| {
+            r.field("action") == Some("woke an idle worker") && r.message.contains(&name)
+        })
+    };
+    block_a_worker(&runtime, &controller, &first, BLOCK);
+    support::eventually(PATIENCE, "the first rescue's WARN", || names(&first).pop());
+    // Well within the minute after the first WARN: its rescue is held for the next one.
+    block_a_worker(&runtime, &controller, &second, BLOCK);
+    // No further rescue comes: the held ones are reported when their minute has passed,
+    // or, as here, when the watchdog stops.
+    drop(watchdog);
+    let held = names(&second);
+    assert_eq!(
+        held.len(),
+        1,
+        "{:#?}",
+        reports(|r| r.message.contains("twice"))
+    );
+    let held = &held[0];
+    assert_eq!(held.level, tracing::Level::WARN);
+    assert!(
+        held.message
+            .contains("more rescues since the previous report"),
+        "{held:?}"
+    );
+    assert_eq!(held.field("object"), Some(second.as_str()), "{held:?}");
+    assert_ne!(held.field("unreported"), Some("0"), "{held:?}");
 }
 
 #[test]

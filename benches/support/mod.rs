@@ -395,6 +395,15 @@ impl InFlightSet {
         }
     }
 
+    /// What a runtime rescue copies: the reconciles inside a poll (none here: each
+    /// awaits). Returns how many it copied.
+    #[allow(dead_code)] // The criterion benches', not the load program's.
+    pub fn in_poll(&mut self) -> usize {
+        self.registry
+            .in_poll_into(Instant::now(), Duration::ZERO, &mut self.snapshot);
+        self.snapshot.len()
+    }
+
     /// One monitor scan: the snapshot and the verdict, as the monitor thread does them.
     /// Returns how many reconciles it saw.
     pub fn scan(&mut self) -> usize {

@@ -70,7 +70,7 @@ pub struct EmbeddingDoctests;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     use crate::guard::{ControllerCounts, Ended, InFlight, Registry};
 
@@ -86,6 +86,8 @@ pub mod internals {
             out: &mut Vec<InFlight>,
             counts: &mut ControllerCounts,
         );
+        /// See `Registry::in_poll_into`.
+        fn in_poll_into(&self, now: Instant, for_at_least: Duration, out: &mut Vec<InFlight>);
         /// See `Registry::request_cancel`.
         fn request_cancel(&self, id: u64) -> bool;
     }
@@ -115,6 +117,10 @@ pub mod internals {
             counts: &mut ControllerCounts,
         ) {
             Registry::scan_into(self, now, in_poll, out, counts);
+        }
+
+        fn in_poll_into(&self, now: Instant, for_at_least: Duration, out: &mut Vec<InFlight>) {
+            Registry::in_poll_into(self, now, for_at_least, out);
         }
 
         fn request_cancel(&self, id: u64) -> bool {

@@ -6,13 +6,15 @@ use std::future::Future;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError, mpsc};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
 use super::clock;
-use super::entry::{Clocks, Entry, Epoch, InFlight, KEY_MASK, ObjectKey, Outcome, key_of};
+use super::entry::{
+    Clocks, Entry, Epoch, InFlight, KEY_MASK, ObjectKey, Outcome, PollState, key_of,
+};
 use super::fanout::{Both, Fanout};
 use super::guarded::Guarded;
 use super::thread::InfoCache;
@@ -274,8 +276,13 @@ struct Shared {
     next_id: OwnLine<AtomicU64>,
     in_flight: DashMap<u64, Slot, BuildIdHasher>,
     deadlines: Deadlines,
-    // Only reconciles already reported hung land here: rare, so a plain mutex.
-    ended: Mutex<Vec<Ended>>,
+    /// The ends of reconciles reported hung, queued by their guards for the monitor.
+    /// std's unbounded channel is a lock-free list: a guard's send never waits for the
+    /// monitor, and the monitor's receive waits for no send (but one caught between
+    /// claiming its slot and writing it, a few instructions).
+    ended: mpsc::Sender<Ended>,
+    /// Only the monitor takes ends; the lock is only ever tried (see `take_ended`).
+    ended_taken: Mutex<mpsc::Receiver<Ended>>,
 }
 
 /// A value alone on its cache line.
@@ -363,6 +370,7 @@ impl Registry {
     }
 
     fn build(deadlines: Deadlines, observers: Vec<Arc<dyn Observer>>) -> Self {
+        let (ended, ended_taken) = mpsc::channel();
         Self {
             shared: Arc::new(Shared {
                 epoch: Epoch::now(),
@@ -370,7 +378,8 @@ impl Registry {
                 next_id: OwnLine(AtomicU64::new(1)),
                 in_flight: DashMap::with_hasher_and_shard_amount(BuildIdHasher::default(), SHARDS),
                 deadlines,
-                ended: Mutex::new(Vec::new()),
+                ended,
+                ended_taken: Mutex::new(ended_taken),
             }),
         }
     }
@@ -512,16 +521,50 @@ impl Registry {
         }
     }
 
+    /// Copies into `out` only the reconciles inside a poll that began at least `for_at_least`
+    /// before `now`: a rescue's culprits. Like [`scan_into`](Self::scan_into) with
+    /// `in_poll`, it reads one word of each entry and copies none but those; it marks
+    /// nothing.
+    pub(crate) fn in_poll_into(
+        &self,
+        now: Instant,
+        for_at_least: Duration,
+        out: &mut Vec<InFlight>,
+    ) {
+        out.clear();
+        let clocks = Clocks::at(now);
+        let mut threads = InfoCache::default();
+        for slot in self.shared.in_flight.iter() {
+            if !slot.entry.in_poll() {
+                continue;
+            }
+            if let Some(copy) = slot.entry.snapshot_running(&clocks, &mut threads)
+                && matches!(copy.poll, PollState::InPoll { since }
+                    if now.saturating_duration_since(since) >= for_at_least)
+            {
+                out.push(copy);
+            }
+        }
+    }
+
     /// A copy of reconcile `id`, while it is in flight.
     pub(crate) fn get(&self, id: u64) -> Option<InFlight> {
         let entry = Arc::clone(&self.shared.in_flight.get(&key_of(id))?.entry);
         entry.snapshot_of(id)
     }
 
-    /// Takes the reconciles that ended after being reported hung.
+    /// Takes the reconciles that ended after being reported hung. Never waits: each end
+    /// is taken once, and an end queued meanwhile, or while another caller takes, is
+    /// taken at the next call.
     #[must_use]
     pub(crate) fn take_ended(&self) -> Vec<Ended> {
-        std::mem::take(&mut *self.shared.ended.lock().unwrap_or_else(|p| p.into_inner()))
+        let taken = match self.shared.ended_taken.try_lock() {
+            Ok(taken) => taken,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            // The monitor is the only caller but for tests: what the other takes is theirs.
+            Err(TryLockError::WouldBlock) => return Vec::new(),
+        };
+        taken.try_iter().collect()
     }
 
     /// Asks reconcile `id` to stop at its next poll and wakes it. Returns false when it
@@ -764,6 +807,21 @@ fn observer_panicked(controller: &Controller) {
     }
 }
 
+/// Queues the end of reconcile `id`, reported hung, for the monitor's
+/// [`Registry::take_ended`]: off the common path.
+#[cold]
+#[inline(never)]
+fn queue_end(entry: &Arc<Entry>, id: u64, outcome: Outcome) {
+    let reconcile = entry.snapshot(id);
+    let ended = Ended {
+        elapsed: reconcile.started.elapsed(),
+        reconcile,
+        outcome,
+    };
+    // The receiver lives as long as the sender, in the same registry.
+    let _ = entry.controller.registry.shared.ended.send(ended);
+}
+
 /// Puts back an idle entry this thread's registration could not use: it stays a spare
 /// while it has ids left, and leaves the map otherwise.
 #[cold]
@@ -867,20 +925,7 @@ impl Drop for Guard {
             }
         }
         if hung {
-            let outcome = outcome();
-            let reconcile = entry.snapshot(self.id);
-            let ended = Ended {
-                elapsed: reconcile.started.elapsed(),
-                reconcile,
-                outcome,
-            };
-            controller
-                .registry
-                .shared
-                .ended
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(ended);
+            queue_end(&entry, self.id, outcome());
         }
         // Nobody else holds it (no waker clone, no request still in flight, no reader
         // that cloned it: the map's reference and this one), and it was not reported
@@ -1001,6 +1046,54 @@ mod tests {
             shared.upgrade().is_none(),
             "nothing keeps the registry alive"
         );
+    }
+
+    #[test]
+    fn taking_ends_never_waits_and_takes_each_end_once() {
+        let registry = Registry::new(Duration::ZERO);
+        let handle = registry.controller("web", "Widget");
+        let hung: Vec<_> = (0..3)
+            .map(|i| handle.register(ObjectKey::cluster(&format!("hung-{i}"))))
+            .collect();
+        let (mut out, mut counts) = (Vec::new(), Vec::new());
+        let now = Instant::now() + Duration::from_secs(1);
+        registry.scan_into(now, false, &mut out, &mut counts);
+        assert_eq!(out.len(), 3);
+        let mut hung = hung.into_iter();
+        drop(hung.next());
+
+        // Another taker holds the queue: a take returns at once, with nothing.
+        let held = registry.shared.ended_taken.lock().unwrap();
+        let (sent, received) = mpsc::channel();
+        std::thread::spawn({
+            let registry = registry.clone();
+            move || {
+                sent.send(registry.take_ended().len())
+                    .expect("the test waits")
+            }
+        });
+        assert_eq!(
+            received.recv_timeout(Duration::from_secs(10)),
+            Ok(0),
+            "the take waited for the queue"
+        );
+        // Ends queue while it is held, and none is lost or taken twice.
+        drop(hung.next());
+        drop(held);
+        let ids = |ended: Vec<Ended>| {
+            let mut ids: Vec<u64> = ended.iter().map(|e| e.reconcile.id).collect();
+            ids.sort_unstable();
+            ids
+        };
+        let mut expected: Vec<u64> = out.iter().map(|r| r.id).collect();
+        expected.sort_unstable();
+        let mut taken = ids(registry.take_ended());
+        assert_eq!(taken.len(), 2);
+        drop(hung.next());
+        taken.extend(ids(registry.take_ended()));
+        taken.sort_unstable();
+        assert_eq!(taken, expected);
+        assert!(registry.take_ended().is_empty());
     }
 
     #[test]

@@ -34,12 +34,13 @@ pub mod verdict;
 #[cfg(test)]
 mod verdict_props;
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::guard::{InFlight, PollState, Registry};
+use crate::guard::{InFlight, Registry};
 use crate::health::{Check, Health};
 
 pub use api_server::ApiServerStatus;
@@ -47,7 +48,7 @@ pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
 pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
 
-use verdict::driver::{Cause, DriverWatch, RescueReports, WorkerSample};
+use verdict::driver::{Cause, Culprit, DriverWatch, Rescue, RescueReports, WorkerSample};
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -206,6 +207,26 @@ pub struct Status {
 impl Status {
     fn latest(&self) -> Arc<Published> {
         Arc::clone(&self.published.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Publishes `unpublished`, unless a check holds the lock right now (cloning the
+    /// previous state, or preempted while it does): then it stays for the next try, as
+    /// the monitor never waits on a reader.
+    fn try_publish(&self, unpublished: &mut Option<Arc<Published>>) {
+        let Some(published) = unpublished.take() else {
+            return;
+        };
+        let mut slot = match self.published.try_lock() {
+            Ok(slot) => slot,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                *unpublished = Some(published);
+                return;
+            }
+        };
+        let previous = std::mem::replace(&mut *slot, published);
+        drop(slot);
+        drop(previous);
     }
 
     /// How many reconciles the latest scan found overdue.
@@ -432,14 +453,81 @@ struct Sources<'a> {
     observer: Option<&'a dyn Observer>,
 }
 
+/// Wakes an idle worker of the watched runtime for the monitor, from a thread of its
+/// own: a spawn takes the runtime's inject-queue lock and allocates, and the monitor
+/// must wait on neither. The monitor sets a flag and unparks the thread (an atomic swap
+/// and, when the thread sleeps, a futex wake): it never waits on it.
+#[derive(Debug)]
+struct WorkerWaker {
+    requests: Arc<WakeRequests>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct WakeRequests {
+    /// A wake is asked for (one spawn serves any number asked for meanwhile).
+    wanted: AtomicBool,
+    stop: AtomicBool,
+}
+
+impl WorkerWaker {
+    fn spawn(handle: tokio::runtime::Handle) -> std::io::Result<Self> {
+        let requests = Arc::new(WakeRequests::default());
+        let thread = {
+            let requests = Arc::clone(&requests);
+            std::thread::Builder::new()
+                .name("reconcile-watchdog-waker".into())
+                .spawn(move || {
+                    loop {
+                        if requests.wanted.swap(false, Ordering::Acquire) {
+                            // With no more work, the woken worker parks on the free
+                            // driver.
+                            drop(handle.spawn(async {}));
+                        } else if requests.stop.load(Ordering::Acquire) {
+                            return;
+                        } else {
+                            std::thread::park();
+                        }
+                    }
+                })?
+        };
+        Ok(Self {
+            requests,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for an idle worker to be woken; returns at once.
+    fn wake(&self) {
+        self.requests.wanted.store(true, Ordering::Release);
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
+    }
+}
+
+impl Drop for WorkerWaker {
+    fn drop(&mut self) {
+        // The monitor stops: waiting for a spawn in progress is no stall then.
+        self.requests.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
 /// The monitor as the runtime's sysmon: between scans, a cheap check of the watched
 /// runtime's workers wakes an idle one when a worker sits in one poll and may have left
 /// tokio's timers and I/O to nobody (see [`verdict::driver`]).
 struct Rescuer<'a> {
     runtime: &'a RuntimeHeartbeat,
+    waker: WorkerWaker,
     watch: DriverWatch,
     reports: RescueReports,
     samples: Vec<WorkerSample>,
+    /// The reconciles inside a poll at a rescue (reused).
+    in_poll: Vec<InFlight>,
     next_check: Instant,
     /// Rescues since the previous scan.
     rescues: u64,
@@ -450,11 +538,25 @@ impl<'a> Rescuer<'a> {
     /// current-thread runtime, or one of a single worker, has nobody to wake.
     fn new(runtime: &'a RuntimeHeartbeat, after: Option<Duration>) -> Option<Self> {
         let after = after?;
-        (runtime.handle.metrics().num_workers() > 1).then(|| Self {
+        if runtime.handle.metrics().num_workers() < 2 {
+            return None;
+        }
+        let waker = WorkerWaker::spawn(runtime.handle.clone())
+            .inspect_err(|error| {
+                tracing::error!(
+                    target: report::RUNTIME_TARGET,
+                    %error,
+                    "failed to start the thread that wakes idle runtime workers; no worker will be woken for a blocked one"
+                );
+            })
+            .ok()?;
+        Some(Self {
             runtime,
+            waker,
             watch: DriverWatch::new(after, Some(runtime.period)),
             reports: RescueReports::default(),
             samples: Vec::new(),
+            in_poll: Vec::new(),
             next_check: Instant::now(),
             rescues: 0,
         })
@@ -472,47 +574,64 @@ impl<'a> Rescuer<'a> {
     fn check(&mut self, now: Instant, registry: &Registry) {
         self.runtime.workers(&mut self.samples);
         let age = self.runtime.heartbeat.age(now);
-        let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) else {
-            return;
-        };
-        // The wake first, the report after: a woken worker that finds no more work
-        // parks on the free driver.
-        drop(self.runtime.handle.spawn(async {}));
-        self.rescues += 1;
-        if !self.reports.due(now) {
-            self.reports.report(now);
+        if let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) {
+            // The wake first, the report after.
+            self.waker.wake();
+            self.rescues += 1;
+            self.report(&rescue, registry);
+        }
+        // The rescues held since the previous WARN get theirs once its minute has
+        // passed, whether or not another rescue comes.
+        if let Some(held) = self.reports.flush(now) {
+            report::emit_held_rescues(&held);
+        }
+    }
+
+    fn report(&mut self, rescue: &Rescue, registry: &Registry) {
+        let now = Instant::now();
+        if !self.reports.wants_culprits(now) {
+            self.reports.hold_unnamed();
             return;
         }
-        // At most one report a minute: a copy of the registry is affordable then.
-        let now = Instant::now();
         // The worker's stretch without parking began up to a check before the monitor
         // saw it, and may have run other tasks before the reconcile's poll: a poll of
-        // half the threshold is long enough to be the one that holds it.
-        let after = self.watch.check_every();
-        let in_poll: Vec<InFlight> = registry
-            .snapshot()
-            .into_iter()
-            .filter(|r| {
-                matches!(r.poll, PollState::InPoll { since }
-                    if now.saturating_duration_since(since) >= after)
-            })
-            .collect();
+        // half the threshold is long enough to be the one that holds it. Only the
+        // reconciles inside a poll are copied, for a rescue reported at once or held
+        // within the period's lookups.
+        registry.in_poll_into(now, self.watch.check_every(), &mut self.in_poll);
         // A worker in one poll with no reconcile inside a long one may only have
-        // been preempted (a loaded node): counted, and left to the debug log, so that
-        // the report's budget goes to what it can name.
-        if in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }) {
+        // been preempted (a loaded node): counted into the next WARN, and left to the
+        // debug log, so that the report's budget goes to what it can name.
+        let reportable =
+            !(self.in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }));
+        if !reportable {
             tracing::debug!(
                 target: report::RUNTIME_TARGET,
                 unattended = ?rescue.unattended,
                 "woke an idle worker: a worker sat in one poll with no guarded reconcile inside one"
             );
-            return;
         }
-        if let Some(unreported) = self.reports.report(now) {
-            report::emit_driver_rescue(&rescue, &in_poll, now, unreported);
+        let culprits = self.in_poll.iter().map(|r| Culprit {
+            controller: Arc::clone(&r.controller),
+            object: r.object.clone(),
+            in_poll_for: r.last_poll_ago(now).unwrap_or_default(),
+        });
+        if let Some(held) = self.reports.rescue(now, culprits, reportable) {
+            report::emit_driver_rescue(rescue, &self.in_poll, now, &held);
+        }
+    }
+
+    /// The monitor stops: the rescues held are reported now, not lost.
+    fn flush_all(&mut self) {
+        if let Some(held) = self.reports.take() {
+            report::emit_held_rescues(&held);
         }
     }
 }
+
+/// How soon the monitor tries again to publish a scan's state that a check kept it
+/// from publishing.
+const PUBLISH_RETRY: Duration = Duration::from_millis(1);
 
 fn run(
     registry: &Registry,
@@ -538,6 +657,7 @@ fn run(
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
     let mut rescuer = runtime.and_then(|r| Rescuer::new(r, verdict.config().driver_rescue_after));
+    let mut observer_panicked = false;
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         status.beat.beat(now);
@@ -597,7 +717,7 @@ fn run(
         }
         inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
-            observer.scanned(&Scan {
+            let scan = Scan {
                 attention: &snapshot,
                 in_flight_by_controller: &counts,
                 decision: &decision,
@@ -606,13 +726,24 @@ fn run(
                 driver_rescues: rescuer
                     .as_mut()
                     .map_or(0, |r| std::mem::take(&mut r.rescues)),
-            });
+            };
+            // The observer is the user's code: its panic must not end the scans.
+            let told = std::panic::catch_unwind(AssertUnwindSafe(|| observer.scanned(&scan)));
+            if told.is_err() && !observer_panicked {
+                observer_panicked = true;
+                tracing::error!(
+                    target: report::TARGET,
+                    "the monitor's observer panicked; the monitor caught it and scans on (logged once)"
+                );
+            }
         }
-        *status.published.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Published {
+        // Kept while a check holds the lock it is published under.
+        let mut unpublished = Some(Arc::new(Published {
             reconcilers_failure: decision.reconcilers_failure,
             runtime_failure: decision.runtime_failure,
             overdue: decision.overdue.len(),
-        });
+        }));
+        status.try_publish(&mut unpublished);
 
         // Sleep to the next tick, checking the runtime's workers meanwhile; park so
         // that `stop` can wake us early. A thread that fell behind (suspended, starved)
@@ -623,11 +754,20 @@ fn run(
             if now >= next {
                 break;
             }
-            let wake = rescuer
+            let mut wake = rescuer
                 .as_mut()
                 .map_or(next, |r| r.check_if_due(now, registry).min(next));
+            if unpublished.is_some() {
+                status.try_publish(&mut unpublished);
+                if unpublished.is_some() {
+                    wake = wake.min(now + PUBLISH_RETRY);
+                }
+            }
             std::thread::park_timeout(wake.saturating_duration_since(now));
         }
+    }
+    if let Some(rescuer) = rescuer.as_mut() {
+        rescuer.flush_all();
     }
 }
 
@@ -726,6 +866,73 @@ mod tests {
             health.liveness.run_one("watchdog"),
             Some(Err("the watchdog thread has stopped".into()))
         );
+    }
+
+    #[test]
+    fn a_check_holding_the_published_state_does_not_hold_up_the_scans() {
+        let registry = Registry::new(Duration::from_millis(50));
+        let health = Health::new();
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let monitor = Monitor::spawn(registry.clone(), &health, config, None, None).unwrap();
+        let status = Arc::clone(monitor.status());
+        let guard = registry
+            .controller("web", "Widget")
+            .register(ObjectKey::namespaced("ns", "a"));
+        // As a check preempted while it clones the published state would hold it.
+        let held = status.published.lock().unwrap();
+        let scanned = |status: &Status| status.beat.last_ns.load(Ordering::Acquire);
+        let before = scanned(&status);
+        eventually("scans while a check holds the lock", || {
+            scanned(&status) > before + 100_000_000
+        });
+        assert_eq!(held.overdue, 0, "nothing published meanwhile");
+        drop(held);
+        eventually("the held-back state to be published", || {
+            status.overdue() == 1
+        });
+        drop(guard);
+        monitor.stop();
+    }
+
+    /// Panics at every scan it is told of.
+    struct Panicking(std::sync::atomic::AtomicUsize);
+
+    impl Observer for Panicking {
+        fn scanned(&self, _: &Scan<'_>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            panic!("an observer's bug");
+        }
+    }
+
+    #[test]
+    fn a_panicking_observer_does_not_stop_the_scans() {
+        let registry = Registry::new(Duration::from_millis(50));
+        let health = Health::new();
+        let config = Config {
+            interval: Duration::from_millis(10),
+            ..Config::default()
+        };
+        let observer = Arc::new(Panicking(Default::default()));
+        let told = Arc::clone(&observer);
+        let monitor =
+            Monitor::spawn(registry.clone(), &health, config, None, Some(observer)).unwrap();
+        let guard = registry
+            .controller("web", "Widget")
+            .register(ObjectKey::namespaced("ns", "a"));
+        eventually("the hang to fail liveness", || {
+            health
+                .liveness
+                .run_one("reconcilers")
+                .is_some_and(|r| r.is_err())
+        });
+        eventually("more scans", || told.0.load(Ordering::Relaxed) >= 5);
+        assert_eq!(health.liveness.run_one("watchdog"), Some(Ok(())));
+        drop(guard);
+        eventually("liveness to recover", || health.liveness.run(&[]).passed());
+        monitor.stop();
     }
 
     #[test]

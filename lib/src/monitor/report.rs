@@ -4,13 +4,14 @@
 //! key that log tools can filter on, and the `text` format prints a line a human reads
 //! at a glance. The target is `reconcile_watchdog::hang` for every report.
 
+use std::fmt::Write;
 use std::time::{Instant, SystemTime};
 
 use crate::guard::{InFlight, PollState};
 
 use super::inspect::StuckThread;
-use super::summary::{NAMED, name_few};
-use super::verdict::driver::{Cause, Rescue};
+use super::summary::{ITEM_BYTES, NAMED, clip, count_groups, name_few};
+use super::verdict::driver::{Cause, Held, LOOKUPS_PER_REPORT, Rescue};
 use super::verdict::{Event, HangState, Pause, Summary, SummaryKind, fmt_duration};
 
 /// The log target of every hang report.
@@ -357,13 +358,8 @@ fn name_in_poll(in_poll: &[InFlight], now: Instant) -> String {
 
 /// The WARN of a rescue: the monitor woke an idle worker because a worker sat in one
 /// poll (`in_poll` are the reconciles inside a poll that long) or the heartbeat was
-/// late; `unreported` rescues came since the previous such WARN.
-pub(crate) fn emit_driver_rescue(
-    rescue: &Rescue,
-    in_poll: &[InFlight],
-    now: Instant,
-    unreported: u64,
-) {
+/// late; `held` are the rescues since the previous such WARN, not reported at once.
+pub(crate) fn emit_driver_rescue(rescue: &Rescue, in_poll: &[InFlight], now: Instant, held: &Held) {
     let culprits = name_in_poll(in_poll, now);
     let took_over = fmt_duration(rescue.unattended);
     let what = match (rescue.cause, in_poll.is_empty()) {
@@ -378,10 +374,13 @@ pub(crate) fn emit_driver_rescue(
             "the async runtime's timers were {took_over} late; an idle worker was woken to take over timers and I/O"
         ),
     };
-    let since = if unreported == 0 {
-        String::new()
-    } else {
-        format!(" ({unreported} more rescues since the previous report)")
+    let held_in_poll = name_held(held);
+    let since = match (held.rescues, held_in_poll.is_empty()) {
+        (0, _) => String::new(),
+        (n, true) => format!(" ({n} more rescues since the previous report)"),
+        (n, false) => format!(
+            " ({n} more rescues since the previous report, reconciles inside a poll at them: {held_in_poll})"
+        ),
     };
     let first = in_poll.iter().max_by_key(|r| r.last_poll_ago(now));
     tracing::warn!(
@@ -392,10 +391,79 @@ pub(crate) fn emit_driver_rescue(
         timers_late_up_to = %took_over,
         idle_workers = rescue.idle,
         workers = rescue.workers,
-        unreported = unreported,
+        unreported = held.rescues,
+        unreported_in_poll = %held_in_poll,
         action = "woke an idle worker",
         "{what}{since}"
     );
+}
+
+/// The WARN of the rescues held since the previous one when no further rescue came to
+/// report them (or the monitor stops).
+pub(crate) fn emit_held_rescues(held: &Held) {
+    let in_poll = name_held(held);
+    let first = held.named.first().map(|(c, _)| c);
+    let rescues = held.rescues;
+    tracing::warn!(
+        target: RUNTIME_TARGET,
+        controller = first.map(|c| tracing::field::display(&c.controller)),
+        object = first.map(|c| tracing::field::display(&c.object)),
+        unreported = rescues,
+        unreported_in_poll = %in_poll,
+        action = "woke an idle worker",
+        "{rescues} more rescues since the previous report: idle workers were woken to take over timers and I/O from workers in one poll; reconciles inside a poll at them: {}",
+        if in_poll.is_empty() { "none" } else { &in_poll }
+    );
+}
+
+/// The held rescues' culprits: the first few named with their longest poll (and how
+/// many rescues found each, when several did), the rest counted per controller.
+fn name_held(held: &Held) -> String {
+    let mut out = String::new();
+    for (culprit, rescues) in &held.named {
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        let name = if *rescues > 1 {
+            format!(
+                "{} {} in a poll for up to {}, at {rescues} rescues",
+                culprit.controller,
+                culprit.object,
+                fmt_duration(culprit.in_poll_for)
+            )
+        } else {
+            format!(
+                "{} {} in a poll for {}",
+                culprit.controller,
+                culprit.object,
+                fmt_duration(culprit.in_poll_for)
+            )
+        };
+        out.push_str(&clip(name, ITEM_BYTES));
+    }
+    if !held.counted.is_empty() {
+        let more: u64 = held.counted.iter().map(|(_, n)| n).sum();
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        let groups = count_groups(
+            held.counted
+                .iter()
+                .map(|(c, n)| (c, usize::try_from(*n).unwrap_or(usize::MAX))),
+        );
+        let _ = write!(out, "and {more} more: {groups}");
+    }
+    if held.unnamed > 0 {
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        let _ = write!(
+            out,
+            "{} rescues not looked up (at most {LOOKUPS_PER_REPORT} lookups between reports)",
+            held.unnamed
+        );
+    }
+    out
 }
 
 /// One summary of per-reconcile lines over the report budget, at their kind's level.

@@ -12,7 +12,7 @@ pub const NAMED: usize = 5;
 const GROUPS: usize = 8;
 
 /// The most bytes of one named item: an object's name may be long.
-const ITEM_BYTES: usize = 256;
+pub(crate) const ITEM_BYTES: usize = 256;
 
 /// The first `few` of `items` by `first` (the greatest first, e.g. the longest running),
 /// each as `name` gives it, joined by `separator`; then `and N more: G1 n1, G2 n2`,

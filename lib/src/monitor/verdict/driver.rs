@@ -11,7 +11,11 @@
 //! woken worker parks on the free driver). This module decides when; it reads no clock
 //! and no runtime of its own, so tests drive it with an injected clock.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::guard::ObjectKey;
+use crate::monitor::summary::{NAMED, same_name};
 
 /// One worker of the runtime, as its stable metrics show it at one check.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -202,34 +206,134 @@ impl DriverWatch {
     }
 }
 
-/// How often the rescue WARN is written at most; rescues in between are counted into
-/// the next one (and each one into the metrics).
+/// How often the rescue WARN is written at most; rescues in between are held for the
+/// next one, their culprits named or counted (and each one counted in the metrics).
 pub const RESCUE_REPORT_EVERY: Duration = Duration::from_secs(60);
 
-/// Which rescues get a WARN: the first, then at most one per [`RESCUE_REPORT_EVERY`].
+/// A reconcile inside a poll at a rescue: what the WARN names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Culprit {
+    pub(crate) controller: Arc<str>,
+    pub(crate) object: ObjectKey,
+    /// How long it had been inside its poll (the longest, over the rescues that found it).
+    pub(crate) in_poll_for: Duration,
+}
+
+/// The rescues not reported at once since the previous WARN, for the next one: the
+/// first few culprits named, the others counted per controller, so that the WARN stays
+/// bounded and every rescue is in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// Rescues held.
+    pub(crate) rescues: u64,
+    /// The first few culprits, each with how many of the held rescues found it.
+    pub(crate) named: Vec<(Culprit, u64)>,
+    /// The culprits past the first few, per controller.
+    pub(crate) counted: Vec<(Arc<str>, u64)>,
+    /// Held rescues counted without looking up their reconciles: the period's lookups
+    /// were spent ([`LOOKUPS_PER_REPORT`]).
+    pub(crate) unnamed: u64,
+    /// Held rescues that warrant a WARN: the others (a worker in one poll with no
+    /// reconcile inside one) only ride along in the next one's count.
+    reportable: u64,
+    /// Held rescues whose reconciles were looked up.
+    lookups: u32,
+}
+
+/// How many held rescues of one report period may look up the reconciles inside a poll:
+/// a lookup reads every entry of the registry (milliseconds at 100,000 in flight), and a
+/// storm of blocking polls must not make the monitor do it every 20 ms. Later rescues of
+/// the period are counted, unnamed.
+pub(crate) const LOOKUPS_PER_REPORT: u32 = 16;
+
+impl Held {
+    fn add(&mut self, culprits: impl IntoIterator<Item = Culprit>, reportable: bool) {
+        self.rescues += 1;
+        self.reportable += u64::from(reportable);
+        for culprit in culprits {
+            let same = |c: &Culprit| {
+                same_name(&c.controller, &culprit.controller) && c.object == culprit.object
+            };
+            if let Some((named, n)) = self.named.iter_mut().find(|(c, _)| same(c)) {
+                named.in_poll_for = named.in_poll_for.max(culprit.in_poll_for);
+                *n += 1;
+            } else if self.named.len() < NAMED {
+                self.named.push((culprit, 1));
+            } else if let Some((_, n)) = self
+                .counted
+                .iter_mut()
+                .find(|(c, _)| same_name(c, &culprit.controller))
+            {
+                *n += 1;
+            } else {
+                // One per controller: as many as the operator has, whatever its load.
+                self.counted.push((culprit.controller, 1));
+            }
+        }
+    }
+}
+
+/// Which rescues get a WARN: the first, then at most one per [`RESCUE_REPORT_EVERY`];
+/// the others are held for the next WARN, which comes with the next rescue or, if none
+/// comes, once the period has passed.
 #[derive(Debug, Default)]
 pub(crate) struct RescueReports {
     last: Option<Instant>,
-    unreported: u64,
+    held: Held,
 }
 
 impl RescueReports {
-    /// Whether a rescue at `now` would be reported.
-    #[must_use]
-    pub(crate) fn due(&self, now: Instant) -> bool {
+    /// Whether a WARN at `now` keeps to the rate.
+    fn due(&self, now: Instant) -> bool {
         self.last
             .is_none_or(|at| now.saturating_duration_since(at) >= RESCUE_REPORT_EVERY)
     }
 
-    /// A rescue at `now`: `Some(n)` to report it, `n` being the rescues left unreported
-    /// since the previous report; `None` to count it only.
-    pub(crate) fn report(&mut self, now: Instant) -> Option<u64> {
-        if !self.due(now) {
-            self.unreported += 1;
+    /// A rescue at `now` that found `culprits` inside a poll; `reportable` unless it is a
+    /// worker in one poll with no reconcile inside one (a preempted worker looks the
+    /// same). `Some` to report it now, with the rescues held since the previous report;
+    /// `None` when it is held.
+    pub(crate) fn rescue(
+        &mut self,
+        now: Instant,
+        culprits: impl IntoIterator<Item = Culprit>,
+        reportable: bool,
+    ) -> Option<Held> {
+        if reportable && self.due(now) {
+            self.last = Some(now);
+            return Some(std::mem::take(&mut self.held));
+        }
+        self.held.add(culprits, reportable);
+        self.held.lookups += 1;
+        None
+    }
+
+    /// Whether a rescue at `now` should look up the reconciles inside a poll: when a
+    /// report is due, or while the period's lookups last.
+    pub(crate) fn wants_culprits(&self, now: Instant) -> bool {
+        self.due(now) || self.held.lookups < LOOKUPS_PER_REPORT
+    }
+
+    /// A rescue held without a lookup (the period's are spent): counted into the next
+    /// report's rescues, never a WARN by itself.
+    pub(crate) fn hold_unnamed(&mut self) {
+        self.held.rescues += 1;
+        self.held.unnamed += 1;
+    }
+
+    /// The rescues held, once the period since the previous report has passed and one of
+    /// them warrants a WARN: reported even if no further rescue comes.
+    pub(crate) fn flush(&mut self, now: Instant) -> Option<Held> {
+        if self.held.reportable == 0 || !self.due(now) {
             return None;
         }
         self.last = Some(now);
-        Some(std::mem::take(&mut self.unreported))
+        Some(std::mem::take(&mut self.held))
+    }
+
+    /// The rescues held that warrant a WARN, whatever the rate: the monitor stops.
+    pub(crate) fn take(&mut self) -> Option<Held> {
+        (self.held.reportable > 0).then(|| std::mem::take(&mut self.held))
     }
 }
 
@@ -402,17 +506,168 @@ mod tests {
         );
     }
 
+    fn culprit(controller: &str, object: &str, in_poll_ms: u32) -> Culprit {
+        Culprit {
+            controller: controller.into(),
+            object: ObjectKey::namespaced("ns", object),
+            in_poll_for: in_poll_ms * MS,
+        }
+    }
+
     #[test]
-    fn one_rescue_report_a_minute_counts_the_rest() {
+    fn one_rescue_report_a_minute_holds_the_rest_for_the_next() {
         let mut reports = RescueReports::default();
         let t0 = Instant::now();
-        assert!(reports.due(t0));
-        assert_eq!(reports.report(t0), Some(0));
-        assert!(!reports.due(t0 + MS));
-        assert_eq!(reports.report(t0 + MS), None);
-        assert_eq!(reports.report(t0 + 59 * 1000 * MS), None);
-        assert_eq!(reports.report(t0 + RESCUE_REPORT_EVERY), Some(2));
-        assert_eq!(reports.report(t0 + 2 * RESCUE_REPORT_EVERY), Some(0));
+        assert_eq!(
+            reports.rescue(t0, [culprit("web", "a", 30)], true),
+            Some(Held::default())
+        );
+        assert_eq!(
+            reports.rescue(t0 + MS, [culprit("web", "b", 25)], true),
+            None
+        );
+        assert_eq!(
+            reports.rescue(t0 + 59 * 1000 * MS, [culprit("db", "c", 40)], true),
+            None
+        );
+        let held = reports
+            .rescue(t0 + RESCUE_REPORT_EVERY, [culprit("web", "d", 20)], true)
+            .expect("a minute later, a report");
+        assert_eq!(held.rescues, 2);
+        assert_eq!(
+            held.named,
+            [(culprit("web", "b", 25), 1), (culprit("db", "c", 40), 1)]
+        );
+        assert!(held.counted.is_empty());
+        // The report took them: the next holds afresh.
+        assert_eq!(
+            reports.rescue(t0 + RESCUE_REPORT_EVERY + MS, [], true),
+            None
+        );
+        assert_eq!(
+            reports.rescue(t0 + 2 * RESCUE_REPORT_EVERY, [], true),
+            Some(Held {
+                rescues: 1,
+                reportable: 1,
+                lookups: 1,
+                ..Held::default()
+            })
+        );
+    }
+
+    #[test]
+    fn held_rescues_are_reported_once_the_period_passes_without_another() {
+        let mut reports = RescueReports::default();
+        let t0 = Instant::now();
+        assert!(
+            reports
+                .rescue(t0, [culprit("web", "a", 30)], true)
+                .is_some()
+        );
+        assert_eq!(reports.flush(t0 + MS), None, "nothing held");
+        assert_eq!(
+            reports.rescue(t0 + MS, [culprit("web", "b", 25)], true),
+            None
+        );
+        assert_eq!(
+            reports.flush(t0 + RESCUE_REPORT_EVERY - MS),
+            None,
+            "too soon"
+        );
+        let held = reports.flush(t0 + RESCUE_REPORT_EVERY).expect("flushed");
+        assert_eq!(held.rescues, 1);
+        assert_eq!(held.named, [(culprit("web", "b", 25), 1)]);
+        assert_eq!(reports.flush(t0 + 2 * RESCUE_REPORT_EVERY), None, "taken");
+        // The flush was a report: the next rescue within its minute is held.
+        assert_eq!(
+            reports.rescue(
+                t0 + RESCUE_REPORT_EVERY + MS,
+                [culprit("web", "c", 25)],
+                true
+            ),
+            None
+        );
+        assert_eq!(reports.take().map(|h| h.rescues), Some(1));
+        assert_eq!(reports.take(), None);
+    }
+
+    #[test]
+    fn rescues_without_a_reconcile_in_a_poll_are_counted_but_never_warned_alone() {
+        let mut reports = RescueReports::default();
+        let t0 = Instant::now();
+        // Quiet even when due, and it does not use up the report.
+        assert_eq!(reports.rescue(t0, [], false), None);
+        assert_eq!(reports.flush(t0 + 2 * RESCUE_REPORT_EVERY), None);
+        assert_eq!(reports.take(), None);
+        let held = reports
+            .rescue(t0 + MS, [culprit("web", "a", 30)], true)
+            .expect("the first report");
+        assert_eq!(held.rescues, 1, "the quiet one rides along in its count");
+        assert!(held.named.is_empty());
+    }
+
+    #[test]
+    fn held_culprits_are_named_a_few_and_counted_per_controller() {
+        let mut reports = RescueReports::default();
+        let t0 = Instant::now();
+        assert!(reports.rescue(t0, [], true).is_some());
+        // One object blocking again and again is named once, with its count.
+        for n in 1..=3 {
+            let at = t0 + n * MS;
+            assert_eq!(
+                reports.rescue(at, [culprit("web", "again", 20 + n)], true),
+                None
+            );
+        }
+        for i in 0..1000 {
+            let controller = if i % 4 == 0 { "db" } else { "web" };
+            let at = t0 + 10 * MS;
+            let found = [culprit(controller, &format!("o-{i}"), 25)];
+            assert_eq!(reports.rescue(at, found, true), None);
+        }
+        let held = reports.flush(t0 + RESCUE_REPORT_EVERY).expect("flushed");
+        assert_eq!(held.rescues, 1003);
+        assert_eq!(held.named.len(), NAMED);
+        assert_eq!(held.named[0], (culprit("web", "again", 23), 3));
+        assert_eq!(held.named[1], (culprit("db", "o-0", 25), 1));
+        assert_eq!(held.named[4], (culprit("web", "o-3", 25), 1));
+        assert_eq!(
+            held.counted,
+            [(Arc::from("db"), 249), (Arc::from("web"), 747)]
+        );
+    }
+
+    #[test]
+    fn held_rescues_past_the_lookup_budget_are_counted_without_a_lookup() {
+        let mut reports = RescueReports::default();
+        let t0 = Instant::now();
+        assert!(reports.wants_culprits(t0));
+        assert!(
+            reports
+                .rescue(t0, [culprit("web", "a", 30)], true)
+                .is_some()
+        );
+        for i in 0..LOOKUPS_PER_REPORT {
+            assert!(reports.wants_culprits(t0 + MS), "lookup {i}");
+            let found = [culprit("web", &format!("o-{i}"), 25)];
+            assert_eq!(reports.rescue(t0 + MS, found, true), None);
+        }
+        assert!(
+            !reports.wants_culprits(t0 + MS),
+            "the period's lookups are spent"
+        );
+        reports.hold_unnamed();
+        reports.hold_unnamed();
+        assert!(
+            reports.wants_culprits(t0 + RESCUE_REPORT_EVERY),
+            "a report is due: it names what it reports"
+        );
+        let held = reports.flush(t0 + RESCUE_REPORT_EVERY).expect("flushed");
+        assert_eq!(held.rescues, u64::from(LOOKUPS_PER_REPORT) + 2);
+        assert_eq!(held.unnamed, 2);
+        assert_eq!(held.named.len(), NAMED);
+        // The budget is per report period.
+        assert!(reports.wants_culprits(t0 + RESCUE_REPORT_EVERY + MS));
     }
 
     #[test]
