@@ -113,11 +113,8 @@ fn longest_gap(ticks: &[Instant], from: Instant, to: Instant) -> Duration {
         .unwrap_or_default()
 }
 
-/// One round: a multi-thread runtime of 4 workers under the watchdog, an interval
-/// ticking every [`TICK`], and a guarded reconcile that sleeps 10 ms (woken by the
-/// time driver) and then blocks its worker on a std lock for [`BLOCK`]. Returns the
-/// longest gap between ticks meanwhile.
-fn one_round(object: &ObjectKey) -> Duration {
+/// A multi-thread runtime of 4 workers, and a watchdog watching it with its defaults.
+fn watched_runtime() -> (tokio::runtime::Runtime, Watchdog) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -127,6 +124,15 @@ fn one_round(object: &ObjectKey) -> Duration {
         .watch_runtime(runtime.handle().clone())
         .start()
         .expect("the watchdog starts");
+    (runtime, watchdog)
+}
+
+/// One round: a multi-thread runtime of 4 workers under the watchdog, an interval
+/// ticking every [`TICK`], and a guarded reconcile that sleeps 10 ms (woken by the
+/// time driver) and then blocks its worker on a std lock for [`BLOCK`]. Returns the
+/// longest gap between ticks meanwhile.
+fn one_round(object: &ObjectKey) -> Duration {
+    let (runtime, watchdog) = watched_runtime();
 
     let ticks = Arc::new(Mutex::new(Vec::new()));
     let ticker = {
@@ -253,15 +259,7 @@ fn block_a_worker(
 #[test]
 fn two_reconciles_blocking_workers_within_the_report_minute_are_both_named() {
     capture_reports();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let watchdog = Watchdog::builder()
-        .watch_runtime(runtime.handle().clone())
-        .start()
-        .expect("the watchdog starts");
+    let (runtime, watchdog) = watched_runtime();
     let controller = watchdog.registry().controller("twice", "Widget");
     let (first, second) = (
         ObjectKey::namespaced("twice", "first"),

@@ -839,8 +839,8 @@ mod tests {
         assert!(err.starts_with("the watchdog has not scanned for"), "{err}");
     }
 
-    #[test]
-    fn a_live_monitor_fails_and_recovers_liveness() {
+    /// A monitor scanning every 10 ms a registry whose deadline is 50 ms.
+    fn fast_monitor() -> (Registry, Health, Monitor) {
         let registry = Registry::new(Duration::from_millis(50));
         let health = Health::new();
         let config = Config {
@@ -848,6 +848,12 @@ mod tests {
             ..Config::default()
         };
         let monitor = Monitor::spawn(registry.clone(), &health, config, None, None).unwrap();
+        (registry, health, monitor)
+    }
+
+    #[test]
+    fn a_live_monitor_fails_and_recovers_liveness() {
+        let (registry, health, monitor) = fast_monitor();
         assert_eq!(health.liveness.names(), ["ping", "watchdog", "reconcilers"]);
 
         let guard = registry
@@ -870,13 +876,7 @@ mod tests {
 
     #[test]
     fn a_check_holding_the_published_state_does_not_hold_up_the_scans() {
-        let registry = Registry::new(Duration::from_millis(50));
-        let health = Health::new();
-        let config = Config {
-            interval: Duration::from_millis(10),
-            ..Config::default()
-        };
-        let monitor = Monitor::spawn(registry.clone(), &health, config, None, None).unwrap();
+        let (registry, health, monitor) = fast_monitor();
         let status = Arc::clone(monitor.status());
         let guard = registry
             .controller("web", "Widget")
