@@ -876,7 +876,7 @@ mod tests {
 
     #[test]
     fn a_check_holding_the_published_state_does_not_hold_up_the_scans() {
-        let (registry, health, monitor) = fast_monitor();
+        let (registry, _health, monitor) = fast_monitor();
         let status = Arc::clone(monitor.status());
         let guard = registry
             .controller("web", "Widget")
