@@ -285,3 +285,32 @@ fn a_block_hang_is_one_error_and_the_runtime_keeps_its_timers() {
     let healthz = request(demo.probe_address(), "GET", "/healthz/runtime").expect("an answer");
     assert_eq!(healthz.status, 200, "{}", healthz.body);
 }
+
+#[test]
+fn driver_rescue_after_off_wakes_no_worker() {
+    let demo = demo(&[
+        "--hang-kind",
+        "block",
+        "--hang-after",
+        "500ms",
+        "--reconcile-deadline",
+        "1s",
+        "--watchdog-interval",
+        "100ms",
+        "--stack-capture-after",
+        "off",
+        "--driver-rescue-after",
+        "off",
+    ]);
+    event(&demo, "the block hang's report", |e| {
+        field(e, "message").starts_with("reconcile hung:") && field(e, "object") == "demo/cert-7"
+    });
+    // With the rescue on, its WARN comes 20 ms into the block, a second before the report.
+    std::thread::sleep(Duration::from_secs(1));
+    let rescues: Vec<_> = demo
+        .events()
+        .into_iter()
+        .filter(|e| field(e, "message").contains("an idle worker was woken"))
+        .collect();
+    assert!(rescues.is_empty(), "{rescues:#?}");
+}

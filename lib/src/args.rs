@@ -98,6 +98,10 @@ struct Flags {
     #[arg(long, env = "RECONCILE_WATCHDOG_RUNTIME_STALL_THRESHOLD", value_name = "DURATION", default_value = "10s", value_parser = positive_duration)]
     runtime_stall_threshold: Duration,
 
+    /// A runtime worker inside one poll this long, with another idle, gets an idle one woken to drive the timers and I/O it left (a WARN names the reconcile); off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_DRIVER_RESCUE_AFTER", value_name = "DURATION", default_value = "20ms", value_parser = positive_duration_or_off)]
+    driver_rescue_after: OrOff<Duration>,
+
     /// Hang reports of a reconcile stuck inside one poll this long carry its thread's native stack and kernel state; off disables
     #[arg(long, env = "RECONCILE_WATCHDOG_STACK_CAPTURE_AFTER", value_name = "DURATION", default_value = "2s", value_parser = duration_or_off)]
     stack_capture_after: OrOff<Duration>,
@@ -171,6 +175,7 @@ impl WatchdogArgs {
                 flags.cancel_escalation_window,
             )
             .runtime_stall_threshold(flags.runtime_stall_threshold)
+            .driver_rescue_after(flags.driver_rescue_after.on())
             .probe_address(flags.health_probe_bind_address)
             .debug_address(flags.debug_bind_address.on())
             .failure_reasons_to_all_peers(flags.show_failure_reasons_to_all_peers)
@@ -333,7 +338,6 @@ fn duration_or_off(s: &str) -> Result<OrOff<Duration>, String> {
 }
 
 /// A duration greater than zero, or `off`.
-#[cfg(feature = "kube")]
 fn positive_duration_or_off(s: &str) -> Result<OrOff<Duration>, String> {
     or_off(s, positive_duration)
 }
@@ -460,7 +464,6 @@ mod tests {
         assert_eq!(duration_or_off("off"), Ok(OrOff::Off));
         assert_eq!(duration_or_off("2s"), Ok(OrOff::On(Duration::from_secs(2))));
         assert!(duration_or_off("never").unwrap_err().contains("or off"));
-        #[cfg(feature = "kube")]
         assert!(positive_duration_or_off("0s").is_err());
     }
 
@@ -494,17 +497,26 @@ mod tests {
         assert_eq!(flags.reconcile_deadline, Duration::from_secs(300));
         assert_eq!(flags.watchdog_interval, Duration::from_secs(1));
         assert_eq!(flags.runtime_stall_threshold, Duration::from_secs(10));
+        assert_eq!(
+            flags.driver_rescue_after,
+            OrOff::On(Duration::from_millis(20))
+        );
         assert_eq!(flags.on_hang, OnHang::Restart);
         assert_eq!(flags.near_miss_threshold, OrOff::On(0.8));
         assert_eq!(
             flags.debug_bind_address,
             OrOff::On("127.0.0.1:8082".parse().unwrap())
         );
-        let flags = parse(&["--debug-bind-address=0", "--stack-capture-after=off"])
-            .unwrap()
-            .0;
+        let flags = parse(&[
+            "--debug-bind-address=0",
+            "--stack-capture-after=off",
+            "--driver-rescue-after=off",
+        ])
+        .unwrap()
+        .0;
         assert_eq!(flags.debug_bind_address, OrOff::Off);
         assert_eq!(flags.stack_capture_after, OrOff::Off);
+        assert_eq!(flags.driver_rescue_after, OrOff::Off);
     }
 
     #[test]
