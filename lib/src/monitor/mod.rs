@@ -33,6 +33,7 @@ mod task_dump {
 pub mod verdict;
 #[cfg(test)]
 mod verdict_props;
+mod waker;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,6 +50,7 @@ pub use report::RuntimeSample;
 pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
 
 use verdict::driver::{Cause, Culprit, DriverWatch, Rescue, RescueReports, WorkerSample};
+use waker::Waker;
 
 /// Errors of the monitor.
 #[derive(Debug, thiserror::Error)]
@@ -453,68 +455,10 @@ struct Sources<'a> {
     observer: Option<&'a dyn Observer>,
 }
 
-/// Wakes an idle worker of the watched runtime for the monitor, from a thread of its
-/// own: a spawn takes the runtime's inject-queue lock and allocates, and the monitor
-/// must wait on neither. The monitor sets a flag and unparks the thread (an atomic swap
-/// and, when the thread sleeps, a futex wake): it never waits on it.
-#[derive(Debug)]
-struct WorkerWaker {
-    requests: Arc<WakeRequests>,
-    thread: Option<JoinHandle<()>>,
-}
-
-#[derive(Debug, Default)]
-struct WakeRequests {
-    /// A wake is asked for (one spawn serves any number asked for meanwhile).
-    wanted: AtomicBool,
-    stop: AtomicBool,
-}
-
-impl WorkerWaker {
-    fn spawn(handle: tokio::runtime::Handle) -> std::io::Result<Self> {
-        let requests = Arc::new(WakeRequests::default());
-        let thread = {
-            let requests = Arc::clone(&requests);
-            std::thread::Builder::new()
-                .name("reconcile-watchdog-waker".into())
-                .spawn(move || {
-                    loop {
-                        if requests.wanted.swap(false, Ordering::Acquire) {
-                            // With no more work, the woken worker parks on the free
-                            // driver.
-                            drop(handle.spawn(async {}));
-                        } else if requests.stop.load(Ordering::Acquire) {
-                            return;
-                        } else {
-                            std::thread::park();
-                        }
-                    }
-                })?
-        };
-        Ok(Self {
-            requests,
-            thread: Some(thread),
-        })
-    }
-
-    /// Asks for an idle worker to be woken; returns at once.
-    fn wake(&self) {
-        self.requests.wanted.store(true, Ordering::Release);
-        if let Some(thread) = &self.thread {
-            thread.thread().unpark();
-        }
-    }
-}
-
-impl Drop for WorkerWaker {
-    fn drop(&mut self) {
-        // The monitor stops: waiting for a spawn in progress is no stall then.
-        self.requests.stop.store(true, Ordering::Release);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
-    }
+/// The rescue's threshold, if `after` asks for one and `runtime` has a worker to spare:
+/// a current-thread runtime, or one of a single worker, has nobody to wake.
+fn rescue_after(runtime: &RuntimeHeartbeat, after: Option<Duration>) -> Option<Duration> {
+    after.filter(|_| runtime.handle.metrics().num_workers() > 1)
 }
 
 /// The monitor as the runtime's sysmon: between scans, a cheap check of the watched
@@ -522,7 +466,7 @@ impl Drop for WorkerWaker {
 /// tokio's timers and I/O to nobody (see [`verdict::driver`]).
 struct Rescuer<'a> {
     runtime: &'a RuntimeHeartbeat,
-    waker: WorkerWaker,
+    waker: &'a Waker,
     watch: DriverWatch,
     reports: RescueReports,
     samples: Vec<WorkerSample>,
@@ -534,22 +478,14 @@ struct Rescuer<'a> {
 }
 
 impl<'a> Rescuer<'a> {
-    /// A rescuer when `after` asks for one and the runtime has a worker to spare: a
-    /// current-thread runtime, or one of a single worker, has nobody to wake.
-    fn new(runtime: &'a RuntimeHeartbeat, after: Option<Duration>) -> Option<Self> {
-        let after = after?;
-        if runtime.handle.metrics().num_workers() < 2 {
-            return None;
-        }
-        let waker = WorkerWaker::spawn(runtime.handle.clone())
-            .inspect_err(|error| {
-                tracing::error!(
-                    target: report::RUNTIME_TARGET,
-                    %error,
-                    "failed to start the thread that wakes idle runtime workers; no worker will be woken for a blocked one"
-                );
-            })
-            .ok()?;
+    /// A rescuer when `after` asks for one and the runtime has a worker to spare (see
+    /// [`rescue_after`]), waking workers through `waker`.
+    fn new(
+        runtime: &'a RuntimeHeartbeat,
+        after: Option<Duration>,
+        waker: &'a Waker,
+    ) -> Option<Self> {
+        let after = rescue_after(runtime, after)?;
         Some(Self {
             runtime,
             waker,
@@ -576,7 +512,7 @@ impl<'a> Rescuer<'a> {
         let age = self.runtime.heartbeat.age(now);
         if let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) {
             // The wake first, the report after.
-            self.waker.wake();
+            self.waker.wake_worker();
             self.rescues += 1;
             self.report(&rescue, registry);
         }
@@ -656,7 +592,15 @@ fn run(
     let cpu_stat = cgroup::CpuStat::find().ok();
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
-    let mut rescuer = runtime.and_then(|r| Rescuer::new(r, verdict.config().driver_rescue_after));
+    let rescue = verdict.config().driver_rescue_after;
+    // Cancels and the rescue's wakes go through a thread of their own: the monitor
+    // waits on neither the runtime's locks nor a task's waker.
+    let waker = (matches!(verdict.config().policy, HangPolicy::Cancel)
+        || runtime.is_some_and(|r| rescue_after(r, rescue).is_some()))
+    .then(|| Waker::start(registry, runtime.map(|r| &r.handle)));
+    let mut rescuer = runtime
+        .zip(waker.as_ref())
+        .and_then(|(r, waker)| Rescuer::new(r, rescue, waker));
     let mut observer_panicked = false;
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
@@ -695,7 +639,13 @@ fn run(
         // `scan_into` has marked every overdue reconcile as reported hung already, under
         // its shard's lock (a second lookup per hang here cost a tenth of a mass scan).
         for id in &decision.cancel {
-            registry.request_cancel(*id);
+            match &waker {
+                Some(waker) => waker.cancel(*id),
+                // Not under the cancel policy: no cancel to make.
+                None => {
+                    registry.request_cancel(*id);
+                }
+            }
         }
         let sample = runtime.map(RuntimeHeartbeat::sample);
         let mut inspected = false;
@@ -894,6 +844,69 @@ mod tests {
             status.overdue() == 1
         });
         drop(guard);
+        monitor.stop();
+    }
+
+    /// A task's waker that waits for `gate` (as a waker taking an executor's lock would
+    /// while a worker holds it), then counts the wake.
+    struct GatedWaker {
+        gate: Arc<Mutex<()>>,
+        wakes: AtomicU64,
+    }
+
+    impl std::task::Wake for GatedWaker {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            drop(self.gate.lock().unwrap_or_else(|p| p.into_inner()));
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_cancelled_reconciles_waker_that_blocks_does_not_hold_up_the_scans() {
+        let registry = Registry::new(Duration::from_millis(50));
+        let health = Health::new();
+        let config = Config {
+            interval: Duration::from_millis(10),
+            policy: HangPolicy::Cancel,
+            ..Config::default()
+        };
+        let monitor = Monitor::spawn(registry.clone(), &health, config, None, None).unwrap();
+        let status = Arc::clone(monitor.status());
+        let gate = Arc::new(Mutex::new(()));
+        let task = Arc::new(GatedWaker {
+            gate: Arc::clone(&gate),
+            wakes: AtomicU64::new(0),
+        });
+        let held = gate.lock().unwrap();
+        let reconcile = std::future::pending::<Result<(), ()>>();
+        let mut guarded = std::pin::pin!(
+            registry
+                .controller("web", "Widget")
+                .guard(ObjectKey::namespaced("ns", "a"), reconcile)
+        );
+        let task_waker = std::task::Waker::from(Arc::clone(&task));
+        let mut cx = std::task::Context::from_waker(&task_waker);
+        assert!(guarded.as_mut().poll(&mut cx).is_pending());
+        // Overdue at 50 ms and cancelled at the next scan; its waker waits for the gate.
+        // A monitor that woke it itself would stop scanning there.
+        let scanned = |status: &Status| status.beat.last_ns.load(Ordering::Acquire);
+        let before = scanned(&status);
+        eventually("scans long after the cancel", || {
+            scanned(&status) > before + 500_000_000
+        });
+        assert_eq!(task.wakes.load(Ordering::SeqCst), 0, "the gate is held");
+        drop(held);
+        eventually("the cancel to wake the task", || {
+            task.wakes.load(Ordering::SeqCst) == 1
+        });
+        assert!(matches!(
+            guarded.as_mut().poll(&mut cx),
+            std::task::Poll::Ready(Err(crate::guard::Error::Cancelled { .. }))
+        ));
         monitor.stop();
     }
 
