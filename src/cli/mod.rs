@@ -90,7 +90,7 @@ pub fn main() -> ExitCode {
     let cli = parse_from(std::env::args_os()).unwrap_or_else(|error| error.exit());
     match cli.command {
         Command::Demo(args) => {
-            logging::init(args.process.log_format);
+            let _logs = logging::init(args.process.log_format);
             let options = DemoOptions {
                 hang_after: args.hang_after,
                 hang_kind: args.hang_kind,

@@ -186,7 +186,7 @@ pub fn main(args: RunArgs) -> ExitCode {
                 )
                 .exit()
         });
-    logging::init(args.process.log_format);
+    let _logs = logging::init(args.process.log_format);
     match run(&args, election) {
         Ok(code) => code,
         Err(error) => {
