@@ -706,7 +706,7 @@ mod tests {
 
     use super::*;
 
-    const TIMEOUT: Duration = Duration::from_secs(5);
+    pub(super) const TIMEOUT: Duration = Duration::from_secs(5);
 
     #[inline(never)]
     fn blocked_on_a_held_lock(lock: &Mutex<()>) {
@@ -722,7 +722,9 @@ mod tests {
 
     /// Runs `body` on a thread of its own and returns its kernel tid once it has
     /// started.
-    fn thread_running(body: impl FnOnce() + Send + 'static) -> (u32, std::thread::JoinHandle<()>) {
+    pub(super) fn thread_running(
+        body: impl FnOnce() + Send + 'static,
+    ) -> (u32, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::spawn(move || {
             tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
@@ -733,7 +735,7 @@ mod tests {
 
     /// Captures until `found` holds (the thread may not have reached the interesting
     /// frame yet), failing after a generous bound.
-    fn capture_eventually(tid: u32, found: impl Fn(&Stack) -> bool) -> Stack {
+    pub(super) fn capture_eventually(tid: u32, found: impl Fn(&Stack) -> bool) -> Stack {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match capture(tid, TIMEOUT) {

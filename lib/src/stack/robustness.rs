@@ -3,42 +3,12 @@
 //! blocking call between the looks and the signal.
 #![allow(unsafe_code)] // inline assembly and pthread_getattr_np, in tests only
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{Error, Method, Stack, capture, capture_impl, capture_until, parked, unwind_thread};
-
-const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Runs `body` on a thread of its own and returns its kernel tid once it has started.
-fn thread_running(body: impl FnOnce() + Send + 'static) -> (u32, JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
-        body();
-    });
-    (rx.recv().unwrap(), handle)
-}
-
-/// Captures `tid` until `found` holds (the thread may not be there yet), failing after a
-/// generous bound. Only a handler let go before the copy (the capturing thread was not
-/// scheduled for the whole hold, on a loaded machine) is tried again.
-fn capture_eventually(tid: u32, found: impl Fn(&Stack) -> bool) -> Stack {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match capture(tid, TIMEOUT) {
-            Ok(stack) if found(&stack) => return stack,
-            Ok(stack) => assert!(Instant::now() < deadline, "never found; last:\n{stack}"),
-            Err(err @ Error::LeftHandler { .. }) => {
-                assert!(Instant::now() < deadline, "{err}");
-            }
-            Err(err) => panic!("{err}"),
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use super::tests::{TIMEOUT, capture_eventually, thread_running};
+use super::{Error, Method, capture, capture_impl, capture_until, parked, unwind_thread};
 
 /// Spins with a garbage frame pointer, and garbage where its return address would be,
 /// until `stop`.
