@@ -31,6 +31,7 @@
 
 #[cfg(feature = "clap")]
 pub mod args;
+mod block_on;
 pub mod deadlines;
 pub mod guard;
 pub mod health;

@@ -661,8 +661,8 @@ fn run(
             }
         }
         if inspected {
-            // The parsed debug info would stay for the life of the process: hundreds of
-            // megabytes, for a pod whose limit may be 256Mi.
+            // Resolving freed what it read (symbol names, unwind tables): back to the
+            // kernel, so that a pod's memory after a capture is near its rest.
             crate::stack::release_symbols();
         }
         inspector.forget_all_but(&snapshot);

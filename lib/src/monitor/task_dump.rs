@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
@@ -86,7 +85,9 @@ impl TaskTraces {
             .name("task-dump".into())
             .spawn(move || {
                 let began = Instant::now();
-                let dump = block_on(handle.dump());
+                // The dump's own future waits on a thread tokio starts for it, and
+                // needs no runtime of ours.
+                let dump = crate::block_on::block_on(handle.dump());
                 dumping.store(false, Ordering::Release);
                 let _ = sent.send((dump, began.elapsed()));
             });
@@ -150,26 +151,6 @@ fn bounded(trace: &str, max: usize) -> String {
     }
     out.truncate(out.trim_end().len());
     out
-}
-
-/// Drives `future` on this thread: the dump's own future waits on a thread tokio
-/// starts for it, and needs no runtime of ours.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park();
-    }
 }
 
 #[cfg(test)]

@@ -4,11 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Wake, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,6 +20,7 @@ use warp::Filter;
 use warp::http::{Method, Response};
 
 use super::routes::{head_without_body, not_found};
+use crate::block_on::block_on;
 
 /// Errors of starting an HTTP server.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +89,8 @@ where
     *http_request.method_mut() = request.method.clone();
     *http_request.uri_mut() = uri;
     http_request.extensions_mut().insert(Peer(request.peer));
+    // The routes never wait on anything (every filter of theirs is ready at once): this
+    // returns at the first poll.
     let Ok(response) = block_on(tower_service::Service::call(
         &mut warp::service(routes),
         http_request,
@@ -102,26 +102,6 @@ where
         |body| String::from_utf8_lossy(&body.to_bytes()).into_owned(),
     );
     Response::from_parts(parts, body)
-}
-
-/// Runs `future` on this thread. The routes never wait on anything (every filter of
-/// theirs is ready at once), so this returns at the first poll; parking is for form.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut context = Context::from_waker(&waker);
-    let mut future = pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return output;
-        }
-        std::thread::park();
-    }
 }
 
 /// How much a server lets its clients hold.

@@ -224,12 +224,24 @@ struct Mapping {
 }
 
 /// The mappings of this process, by start address.
+#[derive(Default)]
 pub(super) struct Maps(Vec<Mapping>);
 
 impl Maps {
     pub(super) fn read() -> io::Result<Self> {
         let text = std::fs::read_to_string("/proc/self/maps")?;
         Ok(Self(text.lines().filter_map(parse_mapping).collect()))
+    }
+
+    /// The file that `address` lies in, and where in the file, if that file is still
+    /// there (not `[vdso]`, not deleted).
+    pub(super) fn file_offset(&self, address: u64) -> Option<(&str, u64)> {
+        let mapping = self.containing(address)?;
+        let path = mapping
+            .path
+            .as_deref()
+            .filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))?;
+        Some((path, mapping.offset + (address - mapping.range.start)))
     }
 
     fn containing(&self, address: u64) -> Option<&Mapping> {
@@ -557,6 +569,29 @@ fn code_file_count() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_offset_names_a_mapped_file_that_is_still_there() {
+        let maps = Maps(
+            [
+                "7f12a000-7f12c000 r-xp 00028000 08:01 1234   /usr/lib/libc.so.6",
+                "7f0-7f1 r-xp 00000000 00:00 0   [vdso]",
+                "8f0-8f1 r-xp 00000000 00:00 0",
+                "9f0-9f1 r-xp 00000000 08:01 9 /opt/op (deleted)",
+            ]
+            .into_iter()
+            .filter_map(parse_mapping)
+            .collect(),
+        );
+        assert_eq!(
+            maps.file_offset(0x7f12a010),
+            Some(("/usr/lib/libc.so.6", 0x28010))
+        );
+        assert_eq!(maps.file_offset(0x7f0), None, "[vdso]");
+        assert_eq!(maps.file_offset(0x8f0), None, "no file");
+        assert_eq!(maps.file_offset(0x9f0), None, "deleted");
+        assert_eq!(maps.file_offset(0x1), None, "not mapped");
+    }
 
     #[test]
     fn syscall_lines_parse() {

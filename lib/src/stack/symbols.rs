@@ -21,6 +21,7 @@ use blazesym::symbolize::source::{Elf, GsymFile, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
 use object::{Object, ObjectSection, ObjectSegment};
 
+use super::parked::Maps;
 use super::{Frame, MissingSymbols, short_path};
 
 /// The frames of a batch of addresses, and where each address lies.
@@ -288,44 +289,6 @@ impl ElfFacts {
     }
 }
 
-/// The file-backed mappings of this process: `(addresses, file offset, path)`.
-#[derive(Default)]
-struct Maps(Vec<(std::ops::Range<u64>, u64, String)>);
-
-impl Maps {
-    fn read() -> std::io::Result<Self> {
-        let text = std::fs::read_to_string("/proc/self/maps")?;
-        Ok(Self(text.lines().filter_map(parse_mapping).collect()))
-    }
-
-    /// The file that `address` lies in, and where in the file.
-    fn file_offset(&self, address: u64) -> Option<(&str, u64)> {
-        let (range, offset, path) = self.0.iter().find(|(r, _, _)| r.contains(&address))?;
-        Some((path, offset + (address - range.start)))
-    }
-}
-
-/// `start-end perms offset dev inode path`, for a mapping of a file that is still
-/// there (not `[vdso]`, not ` (deleted)`).
-fn parse_mapping(line: &str) -> Option<(std::ops::Range<u64>, u64, String)> {
-    let mut fields = line.splitn(6, ' ');
-    let (start, end) = fields.next()?.split_once('-')?;
-    let _perms = fields.next()?;
-    let offset = fields.next()?;
-    let _dev = fields.next()?;
-    let _inode = fields.next()?;
-    let path = fields.next()?.trim();
-    if !path.starts_with('/') || path.ends_with(" (deleted)") {
-        return None;
-    }
-    let range = u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?;
-    Some((
-        range,
-        u64::from_str_radix(offset, 16).ok()?,
-        path.to_owned(),
-    ))
-}
-
 /// Returns the heap that symbolization freed to the kernel.
 pub(super) fn release() {
     trim_heap();
@@ -349,28 +312,6 @@ fn trim_heap() {}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_mapping_line_gives_range_offset_and_path() {
-        let line = "7f12a000-7f12c000 r-xp 00028000 08:01 1234   /usr/lib/libc.so.6";
-        assert_eq!(
-            parse_mapping(line),
-            Some((
-                0x7f12a000..0x7f12c000,
-                0x28000,
-                "/usr/lib/libc.so.6".to_owned()
-            ))
-        );
-        assert_eq!(
-            parse_mapping("7f0-7f1 r-xp 00000000 00:00 0   [vdso]"),
-            None
-        );
-        assert_eq!(parse_mapping("7f0-7f1 r-xp 00000000 00:00 0"), None);
-        assert_eq!(
-            parse_mapping("7f0-7f1 r-xp 00000000 08:01 9 /opt/op (deleted)"),
-            None
-        );
-    }
 
     #[test]
     fn a_function_of_this_binary_is_named() {
