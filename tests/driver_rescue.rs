@@ -5,9 +5,11 @@
 
 mod support;
 
+use support::blocked_worker;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::{ControllerHandle, ObjectKey};
@@ -20,8 +22,6 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 const PATIENCE: Duration = Duration::from_secs(30);
 /// How long the blocking reconcile holds its worker.
 const BLOCK: Duration = Duration::from_millis(800);
-/// The unrelated interval's period.
-const TICK: Duration = Duration::from_millis(25);
 /// The longest gap between its ticks a round may show: timers kept going.
 const LONGEST_GAP: Duration = Duration::from_millis(500);
 const RESCUE_WARN: &str = "a reconcile blocked a runtime worker in one poll";
@@ -92,27 +92,6 @@ fn reports(matches: impl Fn(&Report) -> bool) -> Vec<Report> {
         .collect()
 }
 
-/// The longest time between consecutive `ticks` around `from..to` (`to` counts as a
-/// tick).
-fn longest_gap(ticks: &[Instant], from: Instant, to: Instant) -> Duration {
-    // The last tick before `from`, every tick up to `to`, and `to` itself: a ticker
-    // stopped for good shows up as a gap up to `to`.
-    let mut around: Vec<Instant> = ticks
-        .iter()
-        .copied()
-        .filter(|t| *t <= from)
-        .max()
-        .into_iter()
-        .collect();
-    around.extend(ticks.iter().copied().filter(|t| *t > from && *t <= to));
-    around.push(to);
-    around
-        .windows(2)
-        .map(|w| w[1].saturating_duration_since(w[0]))
-        .max()
-        .unwrap_or_default()
-}
-
 /// A multi-thread runtime of 4 workers, and a watchdog watching it with its defaults.
 fn watched_runtime() -> (tokio::runtime::Runtime, Watchdog) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -127,59 +106,12 @@ fn watched_runtime() -> (tokio::runtime::Runtime, Watchdog) {
     (runtime, watchdog)
 }
 
-/// One round: a multi-thread runtime of 4 workers under the watchdog, an interval
-/// ticking every [`TICK`], and a guarded reconcile that sleeps 10 ms (woken by the
-/// time driver) and then blocks its worker on a std lock for [`BLOCK`]. Returns the
-/// longest gap between ticks meanwhile.
+/// One round: a multi-thread runtime of 4 workers under the watchdog, and the rescue's
+/// scenario ([`blocked_worker::longest_tick_gap`]) with a block of [`BLOCK`].
 fn one_round(object: &ObjectKey) -> Duration {
     let (runtime, watchdog) = watched_runtime();
-
-    let ticks = Arc::new(Mutex::new(Vec::new()));
-    let ticker = {
-        let ticks = Arc::clone(&ticks);
-        runtime.spawn(async move {
-            let mut interval = tokio::time::interval(TICK);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                interval.tick().await;
-                ticks.lock().unwrap().push(Instant::now());
-            }
-        })
-    };
-    support::eventually(PATIENCE, "the ticker to tick", || {
-        (ticks.lock().unwrap().len() >= 4).then_some(())
-    });
-
-    let lock = Arc::new(Mutex::new(()));
-    let held = lock.lock().unwrap();
-    let blocked_at = Arc::new(Mutex::new(None));
-    let reconcile = {
-        let (lock, blocked_at) = (Arc::clone(&lock), Arc::clone(&blocked_at));
-        watchdog
-            .registry()
-            .controller("blocker", "Widget")
-            .guard(object.clone(), async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                *blocked_at.lock().unwrap() = Some(Instant::now());
-                drop(lock.lock().unwrap());
-                Ok::<(), ()>(())
-            })
-    };
-    let reconcile = runtime.spawn(reconcile);
-    let from = support::eventually(PATIENCE, "the reconcile to block", || {
-        *blocked_at.lock().unwrap()
-    });
-    std::thread::sleep(BLOCK);
-    drop(held);
-    let to = Instant::now();
-    runtime
-        .block_on(reconcile)
-        .expect("the reconcile task ends")
-        .expect("the guard lets it finish")
-        .expect("the reconcile ends well");
-    ticker.abort();
-    let ticks = ticks.lock().unwrap().clone();
-    longest_gap(&ticks, from, to)
+    let controller = watchdog.registry().controller("blocker", "Widget");
+    blocked_worker::longest_tick_gap(&runtime, &controller, object, BLOCK)
 }
 
 #[test]

@@ -1,6 +1,5 @@
 //! The watchdog as the runtime's sysmon: how long timers stop while one worker of four is blocked in a poll, with and without the rescue, and what the rescue's check costs the monitor thread.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reconcile_watchdog::Watchdog;
@@ -10,8 +9,8 @@ use reconcile_watchdog::monitor::RuntimeHeartbeat;
 use reconcile_watchdog::monitor::verdict::DRIVER_RESCUE_AFTER;
 use reconcile_watchdog::monitor::verdict::driver::DriverWatch;
 
-/// The unrelated interval's period.
-const TICK: Duration = Duration::from_millis(25);
+#[path = "../../tests/support/blocked_worker.rs"]
+mod blocked_worker;
 
 /// What one run measured.
 pub struct Rescue {
@@ -85,9 +84,8 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// A guarded reconcile that sleeps 10 ms (woken by the time driver) and then blocks its
-/// worker on a std lock for `block`, beside an interval ticking every [`TICK`]: the
-/// longest gap between ticks meanwhile.
+/// The rescue's scenario ([`blocked_worker::longest_tick_gap`]) on a runtime of 4
+/// workers, under a watchdog rescuing after `rescue_after` (or not at all).
 fn one_round(rescue_after: Option<Duration>, block: Duration) -> Duration {
     let runtime = runtime();
     let watchdog = Watchdog::builder()
@@ -95,65 +93,9 @@ fn one_round(rescue_after: Option<Duration>, block: Duration) -> Duration {
         .driver_rescue_after(rescue_after)
         .start()
         .expect("the watchdog starts");
-    let ticks = Arc::new(Mutex::new(Vec::new()));
-    let ticker = {
-        let ticks = Arc::clone(&ticks);
-        runtime.spawn(async move {
-            let mut interval = tokio::time::interval(TICK);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                interval.tick().await;
-                ticks.lock().unwrap().push(Instant::now());
-            }
-        })
-    };
-    while ticks.lock().unwrap().len() < 4 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let lock = Arc::new(Mutex::new(()));
-    let held = lock.lock().unwrap();
-    let blocked_at = Arc::new(Mutex::new(None));
-    let reconcile = {
-        let (lock, blocked_at) = (Arc::clone(&lock), Arc::clone(&blocked_at));
-        watchdog
-            .registry()
-            .controller("bench-blocker", "Widget")
-            .guard(ObjectKey::namespaced("bench", "blocked"), async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                *blocked_at.lock().unwrap() = Some(Instant::now());
-                drop(lock.lock().unwrap());
-                Ok::<(), ()>(())
-            })
-    };
-    let reconcile = runtime.spawn(reconcile);
-    let from = loop {
-        if let Some(at) = *blocked_at.lock().unwrap() {
-            break at;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    std::thread::sleep(block);
-    drop(held);
-    let to = Instant::now();
-    let _ = runtime.block_on(reconcile);
-    ticker.abort();
-    let ticks = ticks.lock().unwrap().clone();
-    // The last tick before `from`, every tick up to `to`, and `to` itself: a ticker
-    // stopped for good shows up as a gap up to `to`.
-    let mut around: Vec<Instant> = ticks
-        .iter()
-        .copied()
-        .filter(|t| *t <= from)
-        .max()
-        .into_iter()
-        .collect();
-    around.extend(ticks.iter().copied().filter(|t| *t > from && *t <= to));
-    around.push(to);
-    around
-        .windows(2)
-        .map(|w| w[1].saturating_duration_since(w[0]))
-        .max()
-        .unwrap_or_default()
+    let controller = watchdog.registry().controller("bench-blocker", "Widget");
+    let object = ObjectKey::namespaced("bench", "blocked");
+    blocked_worker::longest_tick_gap(&runtime, &controller, &object, block)
 }
 
 /// One check as the monitor makes it: 4 workers' metrics read, and the decision.

@@ -1,6 +1,7 @@
 //! Shared by the integration tests: a minimal HTTP client and a handle on the binary.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod blocked_worker;
 pub mod openmetrics;
 
 use std::io::{BufRead, BufReader, Read, Write};
