@@ -115,12 +115,12 @@ struct Flags {
     hang_reports_per_minute: u32,
 
     /// How often to ask whether the API server answers at all (an overdue await during an outage does not fail liveness); off disables
-    #[cfg(feature = "kube")]
+    #[cfg(feature = "_kube")]
     #[arg(long, env = "RECONCILE_WATCHDOG_API_SERVER_CHECK_INTERVAL", value_name = "DURATION", default_value = "5s", value_parser = duration_or_off)]
     api_server_check_interval: OrOff<Duration>,
 
     /// A watch that shows no sign of life (event, bookmark, list) for this long fails readiness, check watches; off disables
-    #[cfg(feature = "kube")]
+    #[cfg(feature = "_kube")]
     #[arg(long, env = "RECONCILE_WATCHDOG_WATCH_STALL_THRESHOLD", value_name = "DURATION", default_value = "3m", value_parser = positive_duration_or_off)]
     watch_stall_threshold: OrOff<Duration>,
 
@@ -189,7 +189,7 @@ impl WatchdogArgs {
 
     /// `--api-server-check-interval`: how often the kube integration's
     /// [`ApiServerCheck`](crate::kube::ApiServerCheck) should ask (`None`: off).
-    #[cfg(feature = "kube")]
+    #[cfg(feature = "_kube")]
     #[must_use]
     pub fn api_server_check_interval(&self) -> Option<Duration> {
         self.0.api_server_check_interval.on()
@@ -197,7 +197,7 @@ impl WatchdogArgs {
 
     /// `--watch-stall-threshold`, for the kube integration's
     /// [`Watches::new`](crate::kube::watches::Watches::new) (`None`: off).
-    #[cfg(feature = "kube")]
+    #[cfg(feature = "_kube")]
     #[must_use]
     pub fn watch_stall_threshold(&self) -> Option<Duration> {
         self.0.watch_stall_threshold.on()

@@ -429,7 +429,7 @@ impl Watchdog {
     }
 
     /// The metrics, shared (leader election keeps them).
-    #[cfg(feature = "kube")]
+    #[cfg(feature = "_kube")]
     pub(crate) fn shared_metrics(&self) -> Option<&Arc<Metrics>> {
         self.metrics.as_ref()
     }

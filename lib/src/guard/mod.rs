@@ -19,7 +19,7 @@ mod sync;
 mod thread;
 mod waits;
 
-#[cfg(feature = "kube")]
+#[cfg(feature = "_kube")]
 pub(crate) use entry::Entry;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
@@ -42,8 +42,8 @@ pub(crate) use thread::offer_label;
 #[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
 pub(crate) use thread::task_id_number;
 // What the kube integration's request layer uses.
-#[cfg(feature = "kube")]
+#[cfg(feature = "_kube")]
 pub(crate) use thread::{attribute_requests, current_entry};
-#[cfg(feature = "kube")]
+#[cfg(feature = "_kube")]
 pub(crate) use waits::Outgoing;
 pub use waits::{RequestWait, Waiting};

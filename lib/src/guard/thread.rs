@@ -57,7 +57,7 @@ thread_local! {
 static ATTRIBUTING: AtomicBool = AtomicBool::new(false);
 
 /// Turns request attribution on for the guards made from now on.
-#[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
+#[cfg_attr(not(feature = "_kube"), allow(dead_code))] // the request layer's
 pub(crate) fn attribute_requests() {
     ATTRIBUTING.store(true, Ordering::Relaxed);
 }
@@ -79,7 +79,7 @@ pub(crate) fn swap_current(current: &mut Option<Arc<Entry>>) {
 
 /// The reconcile being polled on this thread, if its guard published it; unowned, so
 /// that it does not count as a waker.
-#[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
+#[cfg_attr(not(feature = "_kube"), allow(dead_code))] // the request layer's
 pub(crate) fn current_entry() -> Option<Weak<Entry>> {
     CURRENT.with(|c| {
         let current = c.take();

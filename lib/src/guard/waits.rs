@@ -31,7 +31,7 @@ pub(crate) struct Outgoing {
 }
 
 impl Outgoing {
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))] // the request layer's
     pub(crate) fn new(method: http::Method, path: http::uri::PathAndQuery, sent: Instant) -> Self {
         Self {
             method,
@@ -42,7 +42,7 @@ impl Outgoing {
     }
 
     /// The response head has arrived; the body may still be streaming.
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))] // the request layer's
     pub(crate) fn head_arrived(&self) {
         self.head.store(true, Ordering::Relaxed);
     }
@@ -90,7 +90,7 @@ impl FactsCell {
         self.facts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))] // the request layer's
     pub(crate) fn request_sent(&self, request: Arc<Outgoing>) {
         self.write()
             .get_or_insert_with(Box::default)
@@ -98,7 +98,7 @@ impl FactsCell {
             .push(request);
     }
 
-    #[cfg_attr(not(feature = "kube"), allow(dead_code))] // the request layer's
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))] // the request layer's
     pub(crate) fn request_done(&self, request: &Arc<Outgoing>) {
         if let Some(facts) = self.lock().as_mut()
             && let Some(at) = facts.requests.iter().position(|r| Arc::ptr_eq(r, request))

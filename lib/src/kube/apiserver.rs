@@ -76,7 +76,7 @@ impl ApiServerCheck {
 
     /// Starts checking the API server of `config` (the operator's own). Does nothing
     /// when already watching.
-    pub fn watch(&self, config: kube::Config) -> Result<(), Error> {
+    pub fn watch(&self, config: kube_rs::Config) -> Result<(), Error> {
         let interval = self.interval;
         let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if running.is_some() {
@@ -120,7 +120,7 @@ impl Drop for ApiServerCheck {
 /// The thread: a check, then a wait for the next (or for the monitor to ask), until
 /// stopped.
 fn check_until_stopped(
-    config: &kube::Config,
+    config: &kube_rs::Config,
     status: &ApiServerStatus,
     stop: &AtomicBool,
     interval: Duration,
@@ -175,14 +175,14 @@ fn answer_within(interval: Duration) -> Duration {
 
 /// One check: `GET /version` on a client of its own (so a fresh connection), within
 /// `timeout`. Any HTTP answer is `Ok`.
-async fn ask(config: &kube::Config, timeout: Duration) -> Result<(), String> {
+async fn ask(config: &kube_rs::Config, timeout: Duration) -> Result<(), String> {
     let mut config = config.clone();
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
-    let client = kube::Client::try_from(config).map_err(|e| super::error_chain(&e))?;
+    let client = kube_rs::Client::try_from(config).map_err(|e| super::error_chain(&e))?;
     let request = warp::http::Request::get(PATH)
-        .body(kube::client::Body::empty())
+        .body(kube_rs::client::Body::empty())
         .map_err(|e| e.to_string())?;
     match tokio::time::timeout(timeout, client.send(request)).await {
         Ok(Ok(_response)) => Ok(()),

@@ -6,11 +6,11 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use ::kube::Resource;
-use ::kube::runtime::Controller;
-use ::kube::runtime::controller::Action;
 use futures::future::{self, BoxFuture};
 use futures::{FutureExt, StreamExt};
+use kube_rs::Resource;
+use kube_rs::runtime::Controller;
+use kube_rs::runtime::controller::Action;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 

@@ -39,13 +39,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ::kube::api::{Api, Patch, PatchParams, PostParams};
-use ::kube::runtime::reflector::{ObjectRef, Store};
-use ::kube::{Resource, ResourceExt};
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use k8s_openapi::jiff::Timestamp;
+use k8s::api::core::v1::ObjectReference;
+use k8s::api::events::v1::Event;
+use k8s::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s::jiff::Timestamp;
+use kube_rs::api::{Api, Patch, PatchParams, PostParams};
+use kube_rs::runtime::reflector::{ObjectRef, Store};
+use kube_rs::{Resource, ResourceExt};
 
 use crate::guard::ObjectKey;
 use crate::monitor::HangState;
@@ -236,7 +236,7 @@ impl HangEvents {
 
     /// Starts writing the Events to the API server of `config` (the operator's own),
     /// with a client of its own. Does nothing when already started.
-    pub fn start(&self, config: ::kube::Config) -> Result<(), Error> {
+    pub fn start(&self, config: kube_rs::Config) -> Result<(), Error> {
         let Some(jobs) = self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take() else {
             return Ok(());
         };
@@ -490,7 +490,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(self, mut config: ::kube::Config, jobs: &Receiver<Option<Job>>) {
+    fn run(self, mut config: kube_rs::Config, jobs: &Receiver<Option<Job>>) {
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -505,7 +505,7 @@ impl Writer {
         config.read_timeout = Some(WRITE_TIMEOUT);
         config.write_timeout = Some(WRITE_TIMEOUT);
         // Built inside the runtime: the client's buffer spawns its worker there.
-        let client = match runtime.block_on(async { ::kube::Client::try_from(config) }) {
+        let client = match runtime.block_on(async { kube_rs::Client::try_from(config) }) {
             Ok(client) => client,
             Err(error) => {
                 tracing::error!(error = %super::error_chain(&error), "the events thread has no client; no hang Events");
@@ -542,7 +542,7 @@ impl Writer {
     /// Writes the Event of `job`: a new one, or one more in its series.
     async fn write(
         &self,
-        client: &::kube::Client,
+        client: &kube_rs::Client,
         book: &mut Book,
         job: &Job,
         now: Instant,
@@ -575,7 +575,7 @@ impl Writer {
                     return Ok(());
                 }
                 // Gone (the server keeps Events an hour): start a new one.
-                Err(::kube::Error::Api(status)) if status.code == 404 => book.forget(&key),
+                Err(kube_rs::Error::Api(status)) if status.code == 404 => book.forget(&key),
                 Err(error) => return Err(super::error_chain(&error)),
             }
         }
@@ -636,9 +636,9 @@ fn split(object: &ObjectKey) -> (Option<&str>, &str) {
 
 #[cfg(test)]
 mod tests {
-    use ::kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    use ::kube::runtime::{reflector, watcher};
-    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s::api::core::v1::ConfigMap;
+    use kube_rs::api::{ApiResource, DynamicObject, GroupVersionKind};
+    use kube_rs::runtime::{reflector, watcher};
 
     use super::*;
     use crate::guard::Outcome;

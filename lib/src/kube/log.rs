@@ -1,10 +1,13 @@
 //! Logs what a controller's output stream yields: reconcile errors at WARN with the
 //! object, watch failures at ERROR.
 
+use std::borrow::Borrow;
+
 use crate::guard::ObjectKey;
-use ::kube::runtime::controller::{self, Action};
-use ::kube::runtime::reflector::ObjectRef;
-use ::kube::runtime::watcher;
+use kube_rs::api::DynamicObject;
+use kube_rs::runtime::controller::{self, Action};
+use kube_rs::runtime::reflector::ObjectRef;
+use kube_rs::runtime::watcher;
 
 /// An error and its sources, joined by `: ` (as `anyhow` prints `{:#}`). A source
 /// whose text its error already repeats (kube's errors do) is not repeated again.
@@ -22,8 +25,13 @@ pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-fn namespaced_name<K: ::kube::Resource>(object: &ObjectRef<K>) -> ObjectKey {
+fn namespaced_name<K: kube_rs::Resource>(object: &ObjectRef<K>) -> ObjectKey {
     ObjectKey::new(object.namespace.as_deref(), &object.name)
+}
+
+/// The object a controller error names: boxed since kube 4, bare in kube 3.
+fn erased_name(object: &impl Borrow<ObjectRef<DynamicObject>>) -> ObjectKey {
+    namespaced_name(object.borrow())
 }
 
 pub(super) fn outcome<K, E>(
@@ -31,7 +39,7 @@ pub(super) fn outcome<K, E>(
     kind: &str,
     item: Result<(ObjectRef<K>, Action), controller::Error<E, watcher::Error>>,
 ) where
-    K: ::kube::Resource,
+    K: kube_rs::Resource,
     E: std::error::Error + 'static,
 {
     match item {
@@ -45,14 +53,14 @@ pub(super) fn outcome<K, E>(
         Err(controller::Error::ReconcilerFailed(error, object)) => tracing::warn!(
             controller,
             kind,
-            object = %namespaced_name(object.as_ref()),
+            object = %erased_name(&object),
             error = %error_chain(&error),
             "reconcile failed"
         ),
         Err(controller::Error::ObjectNotFound(object)) => tracing::debug!(
             controller,
             kind,
-            object = %namespaced_name(object.as_ref()),
+            object = %erased_name(&object),
             "object gone before its reconcile"
         ),
         Err(controller::Error::QueueError(error)) => tracing::error!(

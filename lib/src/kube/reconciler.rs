@@ -4,9 +4,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use ::kube::runtime::controller::Action;
-use ::kube::{Resource, ResourceExt};
 use futures::FutureExt;
+use kube_rs::runtime::controller::Action;
+use kube_rs::{Resource, ResourceExt};
 
 use crate::guard::{self, ControllerHandle, Guarded, ObjectKey, Registry};
 
@@ -97,8 +97,8 @@ pub fn object_key<K: Resource>(object: &K) -> ObjectKey {
 mod tests {
     use std::time::Duration;
 
-    use ::kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+    use k8s::api::core::v1::{ConfigMap, Namespace};
+    use kube_rs::api::{ApiResource, DynamicObject, GroupVersionKind};
 
     use super::*;
 

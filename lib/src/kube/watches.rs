@@ -51,7 +51,7 @@ pub const DEFAULT_STALL_THRESHOLD: Duration = Duration::from_secs(180);
 /// `plural.group` (or `plural` for the core group): how the watches name a resource, as
 /// its API path does.
 #[must_use]
-pub fn resource<K: ::kube::Resource>(dynamic_type: &K::DynamicType) -> String {
+pub fn resource<K: kube_rs::Resource>(dynamic_type: &K::DynamicType) -> String {
     key(&K::group(dynamic_type), &K::plural(dynamic_type))
 }
 
@@ -635,8 +635,8 @@ mod tests {
 
     #[test]
     fn resources_are_named_as_their_paths_name_them() {
-        use k8s_openapi::api::coordination::v1::Lease;
-        use k8s_openapi::api::core::v1::ConfigMap;
+        use k8s::api::coordination::v1::Lease;
+        use k8s::api::core::v1::ConfigMap;
         assert_eq!(resource::<ConfigMap>(&()), "configmaps");
         assert_eq!(resource::<Lease>(&()), "leases.coordination.k8s.io");
     }

@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use k8s::api::coordination::v1::{Lease, LeaseSpec};
+use k8s::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s::jiff::Timestamp;
+use kube_rs::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube_rs::{Api, Client};
 use serde_json::json;
 
 use super::decision::{Next, Observed, decide};
@@ -64,7 +64,7 @@ impl LeaseLock {
     pub(crate) async fn try_acquire_or_renew(
         &self,
         observed: &mut Observed,
-    ) -> Result<Attempt, kube::Error> {
+    ) -> Result<Attempt, kube_rs::Error> {
         let Some(lease) = self.api.get_opt(&self.name).await? else {
             return self.create().await;
         };
@@ -107,7 +107,7 @@ impl LeaseLock {
         self.write(version, &written).await
     }
 
-    async fn create(&self) -> Result<Attempt, kube::Error> {
+    async fn create(&self) -> Result<Attempt, kube_rs::Error> {
         let now = MicroTime(Timestamp::now());
         let lease = Lease {
             metadata: ObjectMeta {
@@ -126,7 +126,7 @@ impl LeaseLock {
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(_) => Ok(Attempt::Holding),
             // Another candidate created it first.
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Err(kube_rs::Error::Api(status)) if status.code == 409 => {
                 Ok(Attempt::Following { holder: None })
             }
             Err(error) => Err(error),
@@ -139,7 +139,7 @@ impl LeaseLock {
         &self,
         version: Option<String>,
         spec: &LeaseSpec,
-    ) -> Result<Attempt, kube::Error> {
+    ) -> Result<Attempt, kube_rs::Error> {
         // Without a version read there is no precondition to give: a real server
         // always returns one, so this is a create racing a delete at worst.
         let patch = match version {
@@ -152,7 +152,7 @@ impl LeaseLock {
             .await
         {
             Ok(_) => Ok(Attempt::Holding),
-            Err(kube::Error::Api(status)) if status.is_conflict() => {
+            Err(kube_rs::Error::Api(status)) if status.is_conflict() => {
                 Ok(Attempt::Following { holder: None })
             }
             Err(error) => Err(error),
@@ -161,7 +161,7 @@ impl LeaseLock {
 
     /// Gives the lease up, if this candidate still holds it: an empty holder and a
     /// one-second duration, so that a follower takes it at its next retry.
-    pub(crate) async fn release(&self) -> Result<bool, kube::Error> {
+    pub(crate) async fn release(&self) -> Result<bool, kube_rs::Error> {
         let Some(lease) = self.api.get_opt(&self.name).await? else {
             return Ok(false);
         };
@@ -184,7 +184,7 @@ impl LeaseLock {
     }
 
     /// The holder the Lease names now, if any.
-    pub(crate) async fn holder(&self) -> Result<Option<String>, kube::Error> {
+    pub(crate) async fn holder(&self) -> Result<Option<String>, kube_rs::Error> {
         Ok(self
             .api
             .get_opt(&self.name)

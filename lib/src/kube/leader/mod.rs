@@ -54,7 +54,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kube::Client;
+use kube_rs::Client;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 
@@ -79,7 +79,7 @@ pub enum Error {
     Timing(String),
     /// A Lease request failed.
     #[error("lease request failed")]
-    Api(#[source] kube::Error),
+    Api(#[source] kube_rs::Error),
     /// A Lease request did not answer in time.
     #[error("lease request did not answer within {}", humantime::format_duration(*.0))]
     TimedOut(Duration),
@@ -481,7 +481,7 @@ impl LeaderElection {
     /// (deadline: one retry period), abandoned after `limit`.
     async fn request<T>(
         &self,
-        request: impl Future<Output = Result<T, kube::Error>>,
+        request: impl Future<Output = Result<T, kube_rs::Error>>,
         limit: Duration,
     ) -> Result<T, Error> {
         let key = ObjectKey::namespaced(&self.config.namespace, &self.config.name);
