@@ -33,18 +33,18 @@
 // newest when several are on), under one name each: the kube room is one source for
 // every major. Crate-root `extern crate`s, so that `kube_rs::` and `k8s::` resolve in
 // every module as a dependency's name does.
+#[cfg(feature = "kube-5")]
+extern crate k8s_openapi as k8s;
 #[cfg(all(feature = "kube-3", not(any(feature = "kube-4", feature = "kube-5"))))]
 extern crate k8s_openapi_027 as k8s;
 #[cfg(all(feature = "kube-4", not(feature = "kube-5")))]
 extern crate k8s_openapi_028 as k8s;
 #[cfg(feature = "kube-5")]
-extern crate k8s_openapi as k8s;
+extern crate kube as kube_rs;
 #[cfg(all(feature = "kube-3", not(any(feature = "kube-4", feature = "kube-5"))))]
 extern crate kube_3 as kube_rs;
 #[cfg(all(feature = "kube-4", not(feature = "kube-5")))]
 extern crate kube_4 as kube_rs;
-#[cfg(feature = "kube-5")]
-extern crate kube as kube_rs;
 #[cfg(all(
     feature = "_kube",
     not(any(feature = "kube-3", feature = "kube-4", feature = "kube-5"))
