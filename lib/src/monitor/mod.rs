@@ -545,7 +545,8 @@ impl<'a> Rescuer<'a> {
             runtime,
             runtime_id: runtime.handle.id(),
             waker,
-            watch: DriverWatch::new(after, Some(runtime.period)),
+            watch: DriverWatch::new(after, Some(runtime.period))
+                .with_coarse_tick(crate::guard::clock::coarse_tick()),
             reports: RescueReports::default(),
             budget: LookupBudget::default(),
             samples: Vec::new(),

@@ -164,10 +164,6 @@ pub struct PollSeen {
     pub tid: Option<u32>,
 }
 
-/// How much older than the real start a poll's date may be: the guard dates polls on
-/// the coarse clock, one kernel tick (10 ms at 100 Hz) behind at most.
-const COARSE_CLOCK: Duration = Duration::from_millis(10);
-
 /// What the watch remembers of one worker between checks.
 #[derive(Clone, Copy, Debug)]
 struct Seen {
@@ -210,6 +206,9 @@ const PAUSE: Duration = Duration::from_millis(250);
 pub struct DriverWatch {
     after: Duration,
     heartbeat_period: Option<Duration>,
+    /// How much earlier than the real start a later poll's date may be: the guard dates
+    /// polls on the coarse clock, up to one kernel tick behind.
+    coarse_tick: Duration,
     workers: Vec<Seen>,
     /// Whether the current late stretch of the heartbeat has had its wake.
     heartbeat_rescued: bool,
@@ -226,11 +225,20 @@ impl DriverWatch {
         Self {
             after,
             heartbeat_period,
+            coarse_tick: Duration::ZERO,
             workers: Vec::new(),
             heartbeat_rescued: false,
             last_wake: None,
             last_check: None,
         }
+    }
+
+    /// The same, judging polls dated by a clock up to `tick` behind the real one (the
+    /// guard's coarse clock: one kernel tick, 1 to 10 ms).
+    #[must_use]
+    pub fn with_coarse_tick(mut self, tick: Duration) -> Self {
+        self.coarse_tick = tick;
+        self
     }
 
     /// How long a worker may publish nothing, and a reconcile sit in one poll, before
@@ -349,11 +357,14 @@ impl DriverWatch {
         else {
             return false;
         };
-        let long = now.saturating_duration_since(poll.began) >= self.after;
-        // A first poll is dated by its registration, which may come before the worker's
-        // last publication: it cannot be placed.
-        let after_publication =
-            poll.first || published_after.is_none_or(|at| poll.began + COARSE_CLOCK >= at);
+        // A later poll began up to a tick after its date: long only if long from the
+        // latest start it may have had. A first poll is dated by its registration, at or
+        // before the poll, which may also come before the worker's last publication: it
+        // cannot be placed.
+        let (tick, first) = (self.coarse_tick, poll.first);
+        let latest_start = if first { poll.began } else { poll.began + tick };
+        let long = now.saturating_duration_since(latest_start) >= self.after;
+        let after_publication = first || published_after.is_none_or(|at| poll.began + tick >= at);
         let named_elsewhere = poll.tid.is_some()
             && self
                 .workers
@@ -689,7 +700,8 @@ mod tests {
 
     #[test]
     fn only_a_long_poll_of_the_watched_runtime_that_began_after_the_worker_published_holds_it() {
-        let w = watch();
+        // Polls dated on a clock up to 10 ms behind.
+        let w = watch().with_coarse_tick(10 * MS);
         let t0 = Instant::now();
         let ask = Ask {
             cause: Cause::WorkerSilent {
@@ -704,8 +716,8 @@ mod tests {
         };
         let now = t0 + 140 * MS;
         assert!(w.holds(&ask, now, &poll(t0 + 105 * MS, 1)));
-        // Too short a poll.
-        assert!(!w.holds(&ask, now, &poll(t0 + 125 * MS, 1)));
+        // Too short a poll, if it began up to a tick after its date.
+        assert!(!w.holds(&ask, now, &poll(t0 + 115 * MS, 1)));
         // On a thread of another runtime, or of none.
         let elsewhere = PollSeen {
             on_watched_runtime: false,
