@@ -2,18 +2,21 @@
 //! embedder uses it, a reconcile woken by a timer that then blocks its worker leaves
 //! an unrelated interval ticking, because the watchdog wakes an idle worker to drive
 //! timers and I/O; on a current-thread runtime nobody can, and the stall is reported.
+//! A wake is counted and named as a rescue only for a reconcile that held a worker of
+//! the watched runtime: not for a busy healthy one, nor one on another runtime.
 
 mod support;
 
 use support::blocked_worker;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reconcile_watchdog::Watchdog;
-use reconcile_watchdog::guard::{ControllerHandle, ObjectKey};
-use reconcile_watchdog::monitor::report;
+use reconcile_watchdog::guard::{ControllerHandle, Deadlines, ObjectKey};
+use reconcile_watchdog::monitor::{HangPolicy, report};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -92,18 +95,48 @@ fn reports(matches: impl Fn(&Report) -> bool) -> Vec<Report> {
         .collect()
 }
 
-/// A multi-thread runtime of 4 workers, and a watchdog watching it with its defaults.
-fn watched_runtime() -> (tokio::runtime::Runtime, Watchdog) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
+/// A multi-thread runtime of `workers` workers.
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
-        .expect("a runtime");
+        .expect("a runtime")
+}
+
+/// A multi-thread runtime of 4 workers, and a watchdog watching it with its defaults.
+fn watched_runtime() -> (tokio::runtime::Runtime, Watchdog) {
+    let runtime = runtime(4);
     let watchdog = Watchdog::builder()
         .watch_runtime(runtime.handle().clone())
         .start()
         .expect("the watchdog starts");
     (runtime, watchdog)
+}
+
+/// The same, with its metrics collected and a scan (which updates them) every 100 ms.
+fn watched_runtime_with_metrics() -> (tokio::runtime::Runtime, Watchdog) {
+    let runtime = runtime(4);
+    let watchdog = Watchdog::builder()
+        .interval(Duration::from_millis(100))
+        .collect_metrics()
+        .watch_runtime(runtime.handle().clone())
+        .start()
+        .expect("the watchdog starts");
+    (runtime, watchdog)
+}
+
+/// The value of the sample `name` (with its labels, as written) in the metrics.
+fn sample(watchdog: &Watchdog, name: &str) -> Option<f64> {
+    let text = watchdog.metrics().expect("collected").encode();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The rescue series once the scans after `now` have taken every wake so far.
+fn rescues_after_a_scan(watchdog: &Watchdog) -> f64 {
+    std::thread::sleep(Duration::from_millis(400));
+    sample(watchdog, "reconcile_watchdog_driver_rescues_total").expect("the rescue series")
 }
 
 /// One round: a multi-thread runtime of 4 workers under the watchdog, and the rescue's
@@ -285,4 +318,198 @@ fn a_current_thread_runtime_has_nobody_to_wake_and_its_stall_is_reported() {
             && r.field("action") == Some("woke an idle worker")
     });
     assert!(rescues.is_empty(), "{rescues:#?}");
+}
+
+/// A guarded reconcile that computes for `total` in slices of `slice` of CPU with a
+/// `yield_now` between them: busy and healthy, never long in one poll.
+async fn compute(total: Duration, slice: Duration) -> Result<u32, ()> {
+    let started = Instant::now();
+    let mut slices = 0;
+    while started.elapsed() < total {
+        let from = Instant::now();
+        while from.elapsed() < slice {
+            std::hint::spin_loop();
+        }
+        slices += 1;
+        tokio::task::yield_now().await;
+    }
+    Ok(slices)
+}
+
+#[test]
+fn a_busy_healthy_reconcile_is_no_rescue() {
+    capture_reports();
+    let (runtime, watchdog) = watched_runtime_with_metrics();
+    let object = ObjectKey::namespaced("busy", "decoding");
+    let reconcile = watchdog.registry().controller("busy", "Widget").guard(
+        object.clone(),
+        compute(Duration::from_secs(3), Duration::from_millis(2)),
+    );
+    let slices = runtime
+        .block_on(runtime.spawn(reconcile))
+        .expect("the reconcile task ends")
+        .expect("the guard lets it finish")
+        .expect("the reconcile ends well");
+    assert!(slices > 100, "{slices} slices");
+    let rescues = rescues_after_a_scan(&watchdog);
+    let busy = sample(
+        &watchdog,
+        "reconcile_watchdog_driver_wakes_total{cause=\"busy_worker\"}",
+    );
+    eprintln!("wakes for a busy worker: {busy:?}");
+    assert_eq!(rescues, 0.0, "busy-worker wakes: {busy:?}");
+    let named = reports(|r| r.field("object") == Some(object.as_str()));
+    assert!(named.is_empty(), "{named:#?}");
+}
+
+#[test]
+fn a_reconcile_blocking_its_worker_moves_the_rescue_series_and_is_named() {
+    capture_reports();
+    let (runtime, watchdog) = watched_runtime_with_metrics();
+    let controller = watchdog.registry().controller("counted", "Widget");
+    let object = ObjectKey::namespaced("counted", "blocker");
+    block_a_worker(&runtime, &controller, &object, Duration::from_secs(1));
+    let rescues = rescues_after_a_scan(&watchdog);
+    assert!(rescues >= 1.0, "{rescues}");
+    let warns = reports(|r| {
+        r.message.starts_with(RESCUE_WARN) && r.field("object") == Some(object.as_str())
+    });
+    assert_eq!(warns.len(), 1, "{warns:#?}");
+    assert_eq!(warns[0].field("controller"), Some("counted"));
+}
+
+/// The controller of the reconciles that block on another runtime.
+const ELSEWHERE: &str = "elsewhere";
+
+#[test]
+fn a_long_poll_on_an_unwatched_runtime_is_not_named() {
+    capture_reports();
+    let (watched, watchdog) = watched_runtime();
+    let unwatched = runtime(2);
+    let lock = Arc::new(Mutex::new(()));
+    let held = lock.lock().unwrap();
+    // The watched reconcile wakes from a timer, tells the other to block too, and
+    // blocks: both polls begin after the watched worker last published, and both are
+    // long at the watchdog's look; only the runtime tells them apart.
+    let go = Arc::new(tokio::sync::Notify::new());
+    let blocking = Arc::new(AtomicBool::new(false));
+    let watched_object = ObjectKey::namespaced("watched", "blocker");
+    let other_object = ObjectKey::namespaced("unwatched", "blocker");
+    let watched_reconcile = {
+        let (lock, go) = (Arc::clone(&lock), Arc::clone(&go));
+        watchdog.registry().controller("watched", "Widget").guard(
+            watched_object.clone(),
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                go.notify_one();
+                drop(lock.lock().unwrap());
+                Ok::<(), ()>(())
+            },
+        )
+    };
+    let other_reconcile = {
+        let (lock, go, blocking) = (Arc::clone(&lock), Arc::clone(&go), Arc::clone(&blocking));
+        watchdog.registry().controller(ELSEWHERE, "Widget").guard(
+            other_object.clone(),
+            async move {
+                go.notified().await;
+                blocking.store(true, Ordering::SeqCst);
+                drop(lock.lock().unwrap());
+                Ok::<(), ()>(())
+            },
+        )
+    };
+    let other = unwatched.spawn(other_reconcile);
+    let first = watched.spawn(watched_reconcile);
+    support::eventually(PATIENCE, "both reconciles to block", || {
+        blocking.load(Ordering::SeqCst).then_some(())
+    });
+    let name = format!("watched {}", watched_object.as_str());
+    support::eventually(PATIENCE, "the rescue's WARN", || {
+        reports(|r| r.message.starts_with(RESCUE_WARN) && r.message.contains(&name)).pop()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    drop(held);
+    for task in [
+        watched.block_on(first).expect("the watched reconcile ends"),
+        unwatched.block_on(other).expect("the other reconcile ends"),
+    ] {
+        task.expect("the guard lets it finish")
+            .expect("it ends well");
+    }
+    drop(watchdog);
+    let wrongly = reports(|r| {
+        r.field("action") == Some("woke an idle worker")
+            && (r.message.contains(ELSEWHERE) || r.field("controller") == Some(ELSEWHERE))
+    });
+    assert!(wrongly.is_empty(), "{wrongly:#?}");
+}
+
+/// A task's waker that says it was entered, then waits for `gate` (as a waker taking
+/// an executor's lock would while a worker holds it).
+struct GatedWaker {
+    gate: Arc<Mutex<()>>,
+    entered: AtomicBool,
+}
+
+impl std::task::Wake for GatedWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.entered.store(true, Ordering::SeqCst);
+        drop(self.gate.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+#[test]
+fn a_cancel_whose_waker_blocks_delays_no_rescue() {
+    capture_reports();
+    let runtime = runtime(4);
+    let watchdog = Watchdog::builder()
+        .interval(Duration::from_millis(50))
+        .on_hang(HangPolicy::Cancel)
+        .deadlines(
+            Deadlines::new(Duration::from_secs(3600)).with("victim", Duration::from_millis(100)),
+        )
+        .watch_runtime(runtime.handle().clone())
+        .start()
+        .expect("the watchdog starts");
+    // A reconcile polled by hand, whose task's waker blocks on a held gate: the
+    // watchdog cancels it once overdue, and that cancel's wake does not return.
+    let gate = Arc::new(Mutex::new(()));
+    let closed = gate.lock().unwrap();
+    let task = Arc::new(GatedWaker {
+        gate: Arc::clone(&gate),
+        entered: AtomicBool::new(false),
+    });
+    let victim = std::future::pending::<Result<(), ()>>();
+    let mut victim = std::pin::pin!(
+        watchdog
+            .registry()
+            .controller("victim", "Widget")
+            .guard(ObjectKey::namespaced("cancel", "victim"), victim)
+    );
+    let task_waker = std::task::Waker::from(Arc::clone(&task));
+    let mut cx = std::task::Context::from_waker(&task_waker);
+    assert!(victim.as_mut().poll(&mut cx).is_pending());
+    support::eventually(PATIENCE, "the cancel to block in the task's waker", || {
+        task.entered.load(Ordering::SeqCst).then_some(())
+    });
+    // Now a reconcile blocks a worker: its rescue still comes, within the bound the
+    // rescue test allows, while the cancel is still blocked.
+    let controller = watchdog.registry().controller("beside-cancel", "Widget");
+    let object = ObjectKey::namespaced("cancel", "blocker");
+    let gap = blocked_worker::longest_tick_gap(&runtime, &controller, &object, BLOCK);
+    assert!(gap < LONGEST_GAP, "timers stopped for {gap:?}");
+    let warns = reports(|r| {
+        r.message.starts_with(RESCUE_WARN) && r.field("object") == Some(object.as_str())
+    });
+    assert_eq!(warns.len(), 1, "{warns:#?}");
+    drop(closed);
+    assert!(matches!(
+        victim.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(Err(reconcile_watchdog::guard::Error::Cancelled { .. }))
+    ));
 }

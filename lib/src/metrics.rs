@@ -109,6 +109,11 @@ struct IdentityLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WakeLabels {
+    cause: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RenewalLabels {
     result: &'static str,
 }
@@ -355,6 +360,7 @@ pub struct Metrics {
     pauses: Counter,
     paused: Counter<f64, AtomicU64>,
     driver_rescues: Counter,
+    driver_wakes: Family<WakeLabels, Counter>,
     leader: LeaderSeries,
     health: Arc<Health>,
     api_server: Arc<ApiServerStatus>,
@@ -395,6 +401,7 @@ impl Metrics {
             pauses: Counter::default(),
             paused: Counter::default(),
             driver_rescues: Counter::default(),
+            driver_wakes: Family::default(),
             leader: LeaderSeries::default(),
             health,
             api_server,
@@ -487,8 +494,13 @@ impl Metrics {
         );
         registry.register(
             "driver_rescues",
-            "Idle runtime workers the watchdog woke because a worker sat in one poll (or timers were late) and left tokio's timers and I/O undriven",
+            "Idle runtime workers the watchdog woke because a guarded reconcile held a worker of the watched runtime in one poll past --driver-rescue-after, leaving tokio's timers and I/O undriven",
             self.driver_rescues.clone(),
+        );
+        registry.register(
+            "driver_wakes",
+            "Idle runtime workers the watchdog woke to drive tokio's timers and I/O with no guarded reconcile holding a worker, by cause: busy_worker (a worker published no progress for --driver-rescue-after), heartbeat_late, not_looked_up (the lookup budget was spent)",
+            self.driver_wakes.clone(),
         );
         registry.register_collector(Box::new(CpuThrottled(
             crate::monitor::cgroup::CpuStat::find().ok(),
@@ -688,6 +700,13 @@ impl monitor::Observer for Metrics {
             });
         }
         self.driver_rescues.inc_by(scan.driver_rescues);
+        for (cause, n) in scan.driver_wakes.by_cause() {
+            if n > 0 {
+                self.driver_wakes
+                    .get_or_create(&WakeLabels { cause })
+                    .inc_by(n);
+            }
+        }
         self.hangs_unnamed
             .inc_by(u64::try_from(scan.decision.hangs_unnamed).unwrap_or(u64::MAX));
         for event in &scan.decision.events {
@@ -1011,6 +1030,11 @@ mod tests {
                     took: Duration::from_micros(70),
                     runtime_heartbeat_age: Some(Duration::from_millis(50)),
                     driver_rescues: 1,
+                    driver_wakes: monitor::DriverWakes {
+                        busy_worker: 3,
+                        heartbeat_late: 0,
+                        not_looked_up: 0,
+                    },
                 },
             );
         };
@@ -1021,6 +1045,22 @@ mod tests {
         assert_eq!(
             get(&text, "reconcile_watchdog_driver_rescues_total").as_deref(),
             Some("1")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_driver_wakes_total{cause=\"busy_worker\"}"
+            )
+            .as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            get(
+                &text,
+                "reconcile_watchdog_driver_wakes_total{cause=\"heartbeat_late\"}"
+            ),
+            None,
+            "a cause is shown once it has a wake"
         );
         assert_eq!(
             get(

@@ -26,6 +26,30 @@ pub(crate) fn coarse_now() -> u64 {
     read(libc::CLOCK_MONOTONIC_COARSE)
 }
 
+/// How far behind the precise clock [`coarse_now`] may be: its resolution, one kernel
+/// tick (1 to 10 ms).
+#[cfg(target_os = "linux")]
+pub(crate) fn coarse_tick() -> std::time::Duration {
+    let mut res = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_getres` writes one `timespec` through the pointer, which points to
+    // a live, writable, properly aligned local; the coarse clock is supported on every
+    // Linux since 2.6.32 (a failure would leave the zeroes).
+    unsafe {
+        libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut res);
+    }
+    // Non-negative, and nanoseconds below 10^9.
+    std::time::Duration::new(res.tv_sec as u64, res.tv_nsec as u32)
+}
+
+/// Where there is no coarse clock, the precise one: no tick behind.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn coarse_tick() -> std::time::Duration {
+    std::time::Duration::ZERO
+}
+
 /// One reading of `clock`, in nanoseconds.
 #[cfg(target_os = "linux")]
 #[inline]
@@ -82,6 +106,14 @@ mod tests {
         assert!(ours >= a1.duration_since(b0), "{ours:?}");
         assert!(ours <= b1.duration_since(a0), "{ours:?}");
         assert!(ours >= Duration::from_millis(20));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_coarse_tick_is_a_kernel_tick() {
+        let tick = super::coarse_tick();
+        assert!(tick >= Duration::from_millis(1), "{tick:?}");
+        assert!(tick <= Duration::from_millis(10), "{tick:?}");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! ended unshared stays in the map, idle, for its thread's next reconcile of its
 //! controller).
 
-mod clock;
+pub(crate) mod clock;
 mod entry;
 mod fanout;
 mod guarded;

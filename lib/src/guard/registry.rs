@@ -524,17 +524,19 @@ impl Registry {
     /// Copies into `out` only the reconciles inside a poll that began at least `for_at_least`
     /// before `now`: a rescue's culprits. Like [`scan_into`](Self::scan_into) with
     /// `in_poll`, it reads one word of each entry and copies none but those; it marks
-    /// nothing.
+    /// nothing. Returns how many entries it read, the measure of its cost.
     pub(crate) fn in_poll_into(
         &self,
         now: Instant,
         for_at_least: Duration,
         out: &mut Vec<InFlight>,
-    ) {
+    ) -> u64 {
         out.clear();
         let clocks = Clocks::at(now);
         let mut threads = InfoCache::default();
+        let mut read = 0;
         for slot in self.shared.in_flight.iter() {
+            read += 1;
             if !slot.entry.in_poll() {
                 continue;
             }
@@ -545,6 +547,7 @@ impl Registry {
                 out.push(copy);
             }
         }
+        read
     }
 
     /// A copy of reconcile `id`, while it is in flight.

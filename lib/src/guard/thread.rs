@@ -20,6 +20,10 @@ pub struct ThreadInfo {
     pub name: Arc<str>,
     /// The kernel's thread id (Linux), for `/proc/self/task/<tid>` and signals.
     pub tid: Option<u32>,
+    /// The tokio runtime the thread was in at its first guarded poll. A runtime's worker
+    /// and blocking threads belong to it for their whole life; another thread may enter
+    /// several runtimes, and only the first is kept.
+    pub runtime: Option<tokio::runtime::Id>,
 }
 
 static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
@@ -38,7 +42,10 @@ thread_local! {
         let slot = NEXT_SLOT.fetch_add(1, Ordering::Relaxed);
         let current = std::thread::current();
         let name = current.name().unwrap_or("unnamed").into();
-        THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid() });
+        // Once per thread, never per poll: which runtime's threads the watchdog's rescue
+        // may name.
+        let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
+        THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid(), runtime });
         Slot(slot)
     };
 }
@@ -201,8 +208,22 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(seen.tid.is_some());
         }
+        assert_eq!(seen.runtime, None, "outside any runtime");
         // The thread has exited: its slot is gone.
         assert!(info(slot).is_none());
+    }
+
+    #[test]
+    fn a_runtime_thread_is_known_by_its_runtime() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let seen = runtime
+            .block_on(runtime.spawn(async { info(current_slot()) }))
+            .unwrap()
+            .expect("info while the thread lives");
+        assert_eq!(seen.runtime, Some(runtime.handle().id()));
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::guard::{InFlight, Registry};
+use crate::guard::{InFlight, PollState, Registry};
 use crate::health::{Check, Health};
 
 pub use api_server::ApiServerStatus;
@@ -49,7 +49,10 @@ pub use inspect::Diagnostics;
 pub use report::RuntimeSample;
 pub use verdict::{ApiServer, Config, Decision, HangPolicy, HangState, Overdue, Pause, Verdict};
 
-use verdict::driver::{Cause, Culprit, DriverWatch, Rescue, RescueReports, WorkerSample};
+use verdict::driver::{
+    Ask, Cause, Culprit, DriverWatch, Found, LookupBudget, PollSeen, RescueReports, Wake,
+    WakeCause, WorkerSample,
+};
 use waker::Waker;
 
 /// Errors of the monitor.
@@ -177,9 +180,45 @@ pub struct Scan<'a> {
     pub took: Duration,
     /// The watched runtime's heartbeat age, when one is watched.
     pub runtime_heartbeat_age: Option<Duration>,
-    /// Idle workers the monitor woke since the previous scan, to drive timers and I/O
-    /// that a worker blocked in one poll had left to nobody.
+    /// Idle workers the monitor woke since the previous scan because a guarded
+    /// reconcile held a worker in one poll: rescues (their culprits are in the WARN).
     pub driver_rescues: u64,
+    /// The other wakes since the previous scan, by cause: they kept timers and I/O
+    /// going, and no guarded reconcile held a worker.
+    pub driver_wakes: DriverWakes,
+}
+
+/// Wakes of an idle worker that were not rescues, by cause (see [`Scan::driver_wakes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverWakes {
+    /// A worker published nothing for the rescue's threshold, and no guarded reconcile
+    /// was in one poll on it: busy with many short polls, preempted, or blocked outside
+    /// any guard.
+    pub busy_worker: u64,
+    /// The runtime's heartbeat was late, and no silent worker was left to look at.
+    pub heartbeat_late: u64,
+    /// A silent worker whose reconciles were not looked up: the lookups' budget was
+    /// spent.
+    pub not_looked_up: u64,
+}
+
+impl DriverWakes {
+    /// Each cause with its count, by the `cause` label of the metric.
+    #[must_use]
+    pub fn by_cause(&self) -> [(&'static str, u64); 3] {
+        [
+            (WakeCause::BusyWorker.label(), self.busy_worker),
+            (WakeCause::HeartbeatLate.label(), self.heartbeat_late),
+            (WakeCause::NotLookedUp.label(), self.not_looked_up),
+        ]
+    }
+}
+
+/// Wakes by cause, the rescues among them, since the previous scan.
+#[derive(Debug, Default)]
+struct WakeCounts {
+    rescues: u64,
+    others: DriverWakes,
 }
 
 /// Told of every scan (metrics, for instance), on the monitor thread.
@@ -462,19 +501,35 @@ fn rescue_after(runtime: &RuntimeHeartbeat, after: Option<Duration>) -> Option<D
 }
 
 /// The monitor as the runtime's sysmon: between scans, a cheap check of the watched
-/// runtime's workers wakes an idle one when a worker sits in one poll and may have left
-/// tokio's timers and I/O to nobody (see [`verdict::driver`]).
+/// runtime's workers wakes an idle one when a worker publishes nothing for a while and
+/// may have left tokio's timers and I/O to nobody, and counts the wake as a rescue only
+/// when a guarded reconcile holds that worker (see [`verdict::driver`]).
 struct Rescuer<'a> {
     runtime: &'a RuntimeHeartbeat,
+    /// The watched runtime's id, which its threads carry (`ThreadInfo::runtime`).
+    runtime_id: tokio::runtime::Id,
     waker: &'a Waker,
     watch: DriverWatch,
     reports: RescueReports,
+    budget: LookupBudget,
     samples: Vec<WorkerSample>,
-    /// The reconciles inside a poll at a rescue (reused).
+    /// The reconciles inside a long poll at an ask (reused).
     in_poll: Vec<InFlight>,
     next_check: Instant,
-    /// Rescues since the previous scan.
-    rescues: u64,
+    /// Wakes since the previous scan, by cause.
+    wakes: WakeCounts,
+}
+
+impl WakeCounts {
+    fn count(&mut self, cause: WakeCause) {
+        let counter = match cause {
+            WakeCause::Rescue => &mut self.rescues,
+            WakeCause::BusyWorker => &mut self.others.busy_worker,
+            WakeCause::HeartbeatLate => &mut self.others.heartbeat_late,
+            WakeCause::NotLookedUp => &mut self.others.not_looked_up,
+        };
+        *counter += 1;
+    }
 }
 
 impl<'a> Rescuer<'a> {
@@ -488,13 +543,16 @@ impl<'a> Rescuer<'a> {
         let after = rescue_after(runtime, after)?;
         Some(Self {
             runtime,
+            runtime_id: runtime.handle.id(),
             waker,
-            watch: DriverWatch::new(after, Some(runtime.period)),
+            watch: DriverWatch::new(after, Some(runtime.period))
+                .with_coarse_tick(crate::guard::clock::coarse_tick()),
             reports: RescueReports::default(),
+            budget: LookupBudget::default(),
             samples: Vec::new(),
             in_poll: Vec::new(),
             next_check: Instant::now(),
-            rescues: 0,
+            wakes: WakeCounts::default(),
         })
     }
 
@@ -510,11 +568,14 @@ impl<'a> Rescuer<'a> {
     fn check(&mut self, now: Instant, registry: &Registry) {
         self.runtime.workers(&mut self.samples);
         let age = self.runtime.heartbeat.age(now);
-        if let Some(rescue) = self.watch.check(now, &self.samples, Some(age)) {
-            // The wake first, the report after.
-            self.waker.wake_worker();
-            self.rescues += 1;
-            self.report(&rescue, registry);
+        if let Some(ask) = self.watch.check(now, &self.samples, Some(age)) {
+            let found = self.look_up(now, &ask, registry);
+            if let Some(wake) = self.watch.settle(now, &ask, found) {
+                // The wake first, the report after.
+                self.waker.wake_worker();
+                self.wakes.count(wake.cause);
+                self.report(&wake, now);
+            }
         }
         // The rescues held since the previous WARN get theirs once its minute has
         // passed, whether or not another rescue comes.
@@ -523,37 +584,70 @@ impl<'a> Rescuer<'a> {
         }
     }
 
-    fn report(&mut self, rescue: &Rescue, registry: &Registry) {
-        let now = Instant::now();
-        if !self.reports.wants_culprits(now) {
-            self.reports.hold_unnamed();
-            return;
+    /// Looks for the guarded reconcile that holds the silent worker of `ask`, leaving it
+    /// (with any guard nested in it on the same thread) in `in_poll`.
+    fn look_up(&mut self, now: Instant, ask: &Ask, registry: &Registry) -> Found {
+        self.in_poll.clear();
+        if !matches!(ask.cause, Cause::WorkerSilent { .. }) {
+            return Found::NotAsked;
         }
-        // The worker's stretch without parking began up to a check before the monitor
-        // saw it, and may have run other tasks before the reconcile's poll: a poll of
-        // half the threshold is long enough to be the one that holds it. Only the
-        // reconciles inside a poll are copied, for a rescue reported at once or held
-        // within the period's lookups.
-        registry.in_poll_into(now, self.watch.check_every(), &mut self.in_poll);
-        // A worker in one poll with no reconcile inside a long one may only have
-        // been preempted (a loaded node): counted into the next WARN, and left to the
-        // debug log, so that the report's budget goes to what it can name.
-        let reportable =
-            !(self.in_poll.is_empty() && matches!(rescue.cause, Cause::WorkerInOnePoll { .. }));
-        if !reportable {
+        if !self.budget.allows(now) {
+            return Found::NotLookedUp;
+        }
+        self.budget
+            .spend(registry.in_poll_into(now, self.watch.after(), &mut self.in_poll));
+        let (watch, runtime_id) = (&self.watch, self.runtime_id);
+        self.in_poll.retain(|r| {
+            let PollState::InPoll { since } = r.poll else {
+                return false;
+            };
+            let thread = r.thread.as_ref();
+            watch.holds(
+                ask,
+                now,
+                &PollSeen {
+                    began: since,
+                    first: r.polls <= 1,
+                    on_watched_runtime: thread.and_then(|t| t.runtime) == Some(runtime_id),
+                    tid: thread.and_then(|t| t.tid),
+                },
+            )
+        });
+        // One worker is one thread: the one in the longest poll (a guard nested in
+        // another is on the same thread, and named with it).
+        let Some(longest) = self.in_poll.iter().max_by_key(|r| r.last_poll_ago(now)) else {
+            return Found::Nobody;
+        };
+        let tid = longest.thread.as_ref().and_then(|t| t.tid);
+        let name = longest.thread.as_ref().map(|t| Arc::clone(&t.name));
+        self.in_poll.retain(|r| {
+            r.thread.as_ref().and_then(|t| t.tid) == tid
+                && r.thread.as_ref().map(|t| &t.name) == name.as_ref()
+        });
+        Found::Culprit { tid }
+    }
+
+    fn report(&mut self, wake: &Wake, now: Instant) {
+        if wake.cause != WakeCause::Rescue {
+            // It kept timers going, and names nobody: a busy worker, or a late
+            // heartbeat, is no fault of a reconcile.
             tracing::debug!(
                 target: report::RUNTIME_TARGET,
-                unattended = ?rescue.unattended,
-                "woke an idle worker: a worker sat in one poll with no guarded reconcile inside one"
+                cause = wake.cause.label(),
+                timers_late_up_to = ?wake.unattended,
+                idle_workers = wake.idle,
+                workers = wake.workers,
+                "woke an idle worker to drive timers and I/O; no guarded reconcile held a worker in one poll"
             );
+            return;
         }
         let culprits = self.in_poll.iter().map(|r| Culprit {
             controller: Arc::clone(&r.controller),
             object: r.object.clone(),
             in_poll_for: r.last_poll_ago(now).unwrap_or_default(),
         });
-        if let Some(held) = self.reports.rescue(now, culprits, reportable) {
-            report::emit_driver_rescue(rescue, &self.in_poll, now, &held);
+        if let Some(held) = self.reports.rescue(now, culprits) {
+            report::emit_driver_rescue(wake, &self.in_poll, now, &held);
         }
     }
 
@@ -593,12 +687,14 @@ fn run(
     let mut throttled_before = cpu_stat.as_ref().and_then(|c| c.throttled().ok());
     let task_traces = task_dump::TaskTraces::new(runtime.map(|r| r.handle.clone()));
     let rescue = verdict.config().driver_rescue_after;
-    // Cancels and the rescue's wakes go through a thread of their own: the monitor
-    // waits on neither the runtime's locks nor a task's waker.
-    let waker = (matches!(verdict.config().policy, HangPolicy::Cancel)
-        || runtime.is_some_and(|r| rescue_after(r, rescue).is_some()))
-    .then(|| Waker::start(registry, runtime.map(|r| &r.handle)));
-    let mut rescuer = runtime
+    // Cancels and the rescue's wakes each go through a thread of their own: the monitor
+    // waits on neither the runtime's locks nor a task's waker, and a rescue never waits
+    // behind a cancel.
+    let cancels = matches!(verdict.config().policy, HangPolicy::Cancel);
+    let rescued = runtime.filter(|r| rescue_after(r, rescue).is_some());
+    let waker = (cancels || rescued.is_some())
+        .then(|| Waker::start(registry, cancels, rescued.map(|r| &r.handle)));
+    let mut rescuer = rescued
         .zip(waker.as_ref())
         .and_then(|(r, waker)| Rescuer::new(r, rescue, waker));
     let mut observer_panicked = false;
@@ -667,15 +763,18 @@ fn run(
         }
         inspector.forget_all_but(&snapshot);
         if let Some(observer) = observer {
+            let wakes = rescuer
+                .as_mut()
+                .map(|r| std::mem::take(&mut r.wakes))
+                .unwrap_or_default();
             let scan = Scan {
                 attention: &snapshot,
                 in_flight_by_controller: &counts,
                 decision: &decision,
                 took: now.elapsed(),
                 runtime_heartbeat_age: heartbeat_age,
-                driver_rescues: rescuer
-                    .as_mut()
-                    .map_or(0, |r| std::mem::take(&mut r.rescues)),
+                driver_rescues: wakes.rescues,
+                driver_wakes: wakes.others,
             };
             // The observer is the user's code: its panic must not end the scans.
             let told = std::panic::catch_unwind(AssertUnwindSafe(|| observer.scanned(&scan)));

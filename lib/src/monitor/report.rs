@@ -11,7 +11,7 @@ use crate::guard::{InFlight, PollState};
 
 use super::inspect::StuckThread;
 use super::summary::{ITEM_BYTES, NAMED, clip, count_groups, name_few};
-use super::verdict::driver::{Cause, Held, LOOKUPS_PER_REPORT, Rescue};
+use super::verdict::driver::{Held, Wake};
 use super::verdict::{Event, HangState, Pause, Summary, SummaryKind, fmt_duration};
 
 /// The log target of every hang report.
@@ -356,24 +356,15 @@ fn name_in_poll(in_poll: &[InFlight], now: Instant) -> String {
     )
 }
 
-/// The WARN of a rescue: the monitor woke an idle worker because a worker sat in one
-/// poll (`in_poll` are the reconciles inside a poll that long) or the heartbeat was
-/// late; `held` are the rescues since the previous such WARN, not reported at once.
-pub(crate) fn emit_driver_rescue(rescue: &Rescue, in_poll: &[InFlight], now: Instant, held: &Held) {
+/// The WARN of a rescue: the monitor woke an idle worker because the reconciles in
+/// `in_poll` held a worker in one poll; `held` are the rescues since the previous such
+/// WARN, not reported at once.
+pub(crate) fn emit_driver_rescue(wake: &Wake, in_poll: &[InFlight], now: Instant, held: &Held) {
     let culprits = name_in_poll(in_poll, now);
-    let took_over = fmt_duration(rescue.unattended);
-    let what = match (rescue.cause, in_poll.is_empty()) {
-        (_, false) => format!(
-            "a reconcile blocked a runtime worker in one poll; an idle worker was woken after {took_over} to take over timers and I/O: {culprits}"
-        ),
-        // The monitor does not report those (a preempted worker looks the same).
-        (Cause::WorkerInOnePoll { .. }, true) => format!(
-            "a runtime worker sat in one poll (no guarded reconcile was inside one that long); an idle worker was woken after {took_over} to take over timers and I/O"
-        ),
-        (Cause::HeartbeatLate { .. }, true) => format!(
-            "the async runtime's timers were {took_over} late; an idle worker was woken to take over timers and I/O"
-        ),
-    };
+    let took_over = fmt_duration(wake.unattended);
+    let what = format!(
+        "a reconcile blocked a runtime worker in one poll; an idle worker was woken after {took_over} to take over timers and I/O: {culprits}"
+    );
     let held_in_poll = name_held(held);
     let since = match (held.rescues, held_in_poll.is_empty()) {
         (0, _) => String::new(),
@@ -389,8 +380,8 @@ pub(crate) fn emit_driver_rescue(rescue: &Rescue, in_poll: &[InFlight], now: Ins
         object = first.map(|r| tracing::field::display(&r.object)),
         in_poll = %culprits,
         timers_late_up_to = %took_over,
-        idle_workers = rescue.idle,
-        workers = rescue.workers,
+        idle_workers = wake.idle,
+        workers = wake.workers,
         unreported = held.rescues,
         unreported_in_poll = %held_in_poll,
         action = "woke an idle worker",
@@ -411,8 +402,7 @@ pub(crate) fn emit_held_rescues(held: &Held) {
         unreported = rescues,
         unreported_in_poll = %in_poll,
         action = "woke an idle worker",
-        "{rescues} more rescues since the previous report: idle workers were woken to take over timers and I/O from workers in one poll; reconciles inside a poll at them: {}",
-        if in_poll.is_empty() { "none" } else { &in_poll }
+        "{rescues} more rescues since the previous report: idle workers were woken to take over timers and I/O from workers in one poll; reconciles inside a poll at them: {in_poll}"
     );
 }
 
@@ -452,16 +442,6 @@ fn name_held(held: &Held) -> String {
                 .map(|(c, n)| (c, usize::try_from(*n).unwrap_or(usize::MAX))),
         );
         let _ = write!(out, "and {more} more: {groups}");
-    }
-    if held.unnamed > 0 {
-        if !out.is_empty() {
-            out.push_str("; ");
-        }
-        let _ = write!(
-            out,
-            "{} rescues not looked up (at most {LOOKUPS_PER_REPORT} lookups between reports)",
-            held.unnamed
-        );
     }
     out
 }

@@ -1,15 +1,25 @@
-//! When to wake an idle worker so that tokio's timers and I/O are driven again.
+//! When to wake an idle worker so that tokio's timers and I/O are driven again, and
+//! which wakes are rescues of a reconcile that holds a worker.
 //!
 //! tokio's multi-thread runtime has one I/O-and-timer driver, driven by whichever idle
 //! worker parks on it. A worker that leaves the driver to run a task and then blocks
 //! inside that task's poll leaves it to nobody: the other workers sleep on condition
 //! variables, and every timer and socket of the process waits for the poll to return.
 //! The monitor plays the part of Go's sysmon: from its own thread it reads each worker's
-//! stable tokio metrics and, when one worker has sat in one poll for
+//! stable tokio metrics and, when one worker has published nothing for
 //! [`DriverWatch::after`] while another is idle, or when the runtime's heartbeat is
 //! late, it wakes an idle worker (a spawned no-op task is enough: with no more work, the
-//! woken worker parks on the free driver). This module decides when; it reads no clock
-//! and no runtime of its own, so tests drive it with an injected clock.
+//! woken worker parks on the free driver).
+//!
+//! A worker that publishes nothing is not always blocked: a busy worker publishes its
+//! busy time only when it parks and at its maintenance, every `event_interval` (61)
+//! scheduler ticks, and runs many short polls in between. So a wake is counted as a
+//! rescue only once a guarded reconcile is confirmed to hold the worker: inside one poll
+//! for at least `after`, on a thread of the watched runtime, in a poll that began after
+//! the worker last published ([`DriverWatch::holds`]). Every other wake keeps timers
+//! going and is counted by its cause ([`WakeCause`]). This module decides; it reads no
+//! clock, no registry and no runtime of its own, so tests drive it with an injected
+//! clock.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,8 +33,10 @@ pub struct WorkerSample {
     /// tokio's `worker_park_unpark_count`: odd while the worker is parked (idle), even
     /// while it runs; it changes at each park and each wake.
     pub park_unpark: u64,
-    /// tokio's `worker_total_busy_duration` in nanoseconds: a worker running many tasks
-    /// publishes it every 61 polls, a worker inside one poll never does.
+    /// tokio's `worker_total_busy_duration` in nanoseconds: published when the worker
+    /// parks and at its maintenance (every `event_interval` scheduler ticks, 61 by
+    /// default, each tick one task taken from a queue); a worker inside one poll never
+    /// publishes it.
     pub busy_ns: u64,
 }
 
@@ -36,14 +48,18 @@ impl WorkerSample {
     }
 }
 
-/// Why the watch wakes an idle worker.
+/// Why the watch asks for a wake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
-    /// A worker has run without parking and without publishing any progress for this
-    /// long: it is inside one poll, and it may have left the driver to nobody.
-    WorkerInOnePoll {
+    /// A worker has run without parking and without publishing anything for at least
+    /// `after`: inside one poll, or busy with many; it may have left the driver to
+    /// nobody.
+    WorkerSilent {
         /// The worker's index in tokio's metrics.
         worker: usize,
+        /// The check before the first one that saw the worker's current metrics: it last
+        /// published after this (`None` when the watch has no earlier check).
+        published_after: Option<Instant>,
     },
     /// The runtime's heartbeat (a tokio interval) is late by more than two periods.
     HeartbeatLate {
@@ -52,18 +68,100 @@ pub enum Cause {
     },
 }
 
-/// A decision to wake an idle worker now.
+/// A check's request: look for the reconcile that holds the silent worker (when the
+/// cause is one), then [`DriverWatch::settle`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rescue {
+pub struct Ask {
     /// Why.
     pub cause: Cause,
-    /// How long timers and I/O may have gone undriven: since the stuck worker was first
-    /// seen in its poll, or the heartbeat's age.
+    /// Whether a wake follows whatever the look finds: the first ask of a worker's
+    /// silent stretch and a late heartbeat's. A later ask of the same stretch (a
+    /// reconcile may have begun its blocking poll after the first) wakes only for a
+    /// confirmed culprit.
+    pub wakes_anyway: bool,
+    /// How long timers and I/O may have gone undriven, if the silent worker was
+    /// driving them: since the check before the worker was first seen silent (it
+    /// published after it), or the heartbeat's age.
     pub unattended: Duration,
     /// Workers parked at the check.
     pub idle: usize,
     /// Workers of the runtime.
     pub workers: usize,
+    /// Whether the heartbeat was late at the check too.
+    heartbeat_late: bool,
+}
+
+/// What the monitor found for an [`Ask`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// A guarded reconcile holds the silent worker ([`DriverWatch::holds`]), polled on
+    /// the thread of this kernel id.
+    Culprit {
+        /// The culprit's thread, so that another silent worker is not given it too.
+        tid: Option<u32>,
+    },
+    /// The reconciles were looked up, and none holds the worker.
+    Nobody,
+    /// Not looked up: the period's lookup budget is spent ([`LookupBudget`]).
+    NotLookedUp,
+    /// Nothing to look up (a late heartbeat).
+    NotAsked,
+}
+
+/// Why an idle worker was woken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WakeCause {
+    /// A guarded reconcile held a worker in one poll past `after`: a rescue.
+    Rescue,
+    /// A worker published nothing for `after` with no guarded reconcile holding it: busy
+    /// with many polls, preempted, or blocked outside any guard.
+    BusyWorker,
+    /// The heartbeat was late, with no silent worker to look at.
+    HeartbeatLate,
+    /// A silent worker whose reconciles were not looked up (the lookup budget was
+    /// spent).
+    NotLookedUp,
+}
+
+impl WakeCause {
+    /// The `cause` label of the wakes that are not rescues.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Rescue => "rescue",
+            Self::BusyWorker => "busy_worker",
+            Self::HeartbeatLate => "heartbeat_late",
+            Self::NotLookedUp => "not_looked_up",
+        }
+    }
+}
+
+/// A decision to wake an idle worker now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wake {
+    /// What it is counted as.
+    pub cause: WakeCause,
+    /// See [`Ask::unattended`].
+    pub unattended: Duration,
+    /// Workers parked at the check.
+    pub idle: usize,
+    /// Workers of the runtime.
+    pub workers: usize,
+}
+
+/// A reconcile inside a poll, as [`DriverWatch::holds`] judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollSeen {
+    /// When its poll began, as the guard dated it (the coarse clock for a later poll,
+    /// the registration for the first).
+    pub began: Instant,
+    /// Whether it is the reconcile's first poll (dated by its registration, which may
+    /// be earlier than the poll).
+    pub first: bool,
+    /// Whether its thread is one of the watched runtime's.
+    pub on_watched_runtime: bool,
+    /// Its thread's kernel id.
+    pub tid: Option<u32>,
 }
 
 /// What the watch remembers of one worker between checks.
@@ -72,8 +170,30 @@ struct Seen {
     sample: WorkerSample,
     /// The first check that saw `sample`.
     since: Instant,
-    /// Whether this stretch of the worker has had its rescue.
+    /// The check before `since`: the worker published `sample` after it.
+    published_after: Option<Instant>,
+    /// When this stretch asks again (`None`: at `after`, its first ask).
+    next_ask: Option<Instant>,
+    /// How long after an unconfirmed ask the next one comes (doubling each time).
+    backoff: Duration,
+    /// Whether this stretch has had its rescue.
     rescued: bool,
+    /// The culprit's thread, once rescued.
+    culprit_tid: Option<u32>,
+}
+
+impl Seen {
+    fn new(sample: WorkerSample, since: Instant, published_after: Option<Instant>) -> Self {
+        Self {
+            sample,
+            since,
+            published_after,
+            next_ask: None,
+            backoff: Duration::ZERO,
+            rescued: false,
+            culprit_tid: None,
+        }
+    }
 }
 
 /// A check this much later than the previous one (or two `after`s, if longer) follows
@@ -86,15 +206,18 @@ const PAUSE: Duration = Duration::from_millis(250);
 pub struct DriverWatch {
     after: Duration,
     heartbeat_period: Option<Duration>,
+    /// How much earlier than the real start a later poll's date may be: the guard dates
+    /// polls on the coarse clock, up to one kernel tick behind.
+    coarse_tick: Duration,
     workers: Vec<Seen>,
-    /// Whether the current late stretch of the heartbeat has had its rescue.
+    /// Whether the current late stretch of the heartbeat has had its wake.
     heartbeat_rescued: bool,
-    last_rescue: Option<Instant>,
+    last_wake: Option<Instant>,
     last_check: Option<Instant>,
 }
 
 impl DriverWatch {
-    /// A watch that wakes an idle worker once a worker has sat in one poll for `after`
+    /// A watch that wakes an idle worker once a worker has published nothing for `after`
     /// (checked every [`check_every`](Self::check_every)), or once the heartbeat beating
     /// every `heartbeat_period` is two periods late.
     #[must_use]
@@ -102,39 +225,54 @@ impl DriverWatch {
         Self {
             after,
             heartbeat_period,
+            coarse_tick: Duration::ZERO,
             workers: Vec::new(),
             heartbeat_rescued: false,
-            last_rescue: None,
+            last_wake: None,
             last_check: None,
         }
     }
 
-    /// How often to check: half of how long a worker may sit in one poll, so that a worker is rescued
-    /// between `after` and one and a half times `after` into its poll.
+    /// The same, judging polls dated by a clock up to `tick` behind the real one (the
+    /// guard's coarse clock: one kernel tick, 1 to 10 ms).
+    #[must_use]
+    pub fn with_coarse_tick(mut self, tick: Duration) -> Self {
+        self.coarse_tick = tick;
+        self
+    }
+
+    /// How long a worker may publish nothing, and a reconcile sit in one poll, before
+    /// the watch acts.
+    #[must_use]
+    pub fn after(&self) -> Duration {
+        self.after
+    }
+
+    /// How often to check: half of `after`, so that a worker is woken between `after`
+    /// and one and a half times `after` into its silence.
     #[must_use]
     pub fn check_every(&self) -> Duration {
         (self.after / 2).max(Duration::from_millis(1))
     }
 
     /// One check at `now` of the runtime's `workers` (in tokio's worker order) and its
-    /// heartbeat's `heartbeat_age`. Wakes at most once per stretch of a worker in one
-    /// poll and once per late stretch of the heartbeat, never twice within `after`, and
-    /// never when no worker is idle (then nobody can take the driver; a stall that
-    /// lasts is the stall verdict's to report).
+    /// heartbeat's `heartbeat_age`. Asks at most once per `after`, and never when no
+    /// worker is idle (then nobody can take the driver; a stall that lasts is the stall
+    /// verdict's to report). A worker's silent stretch asks first at `after`, then, until
+    /// a culprit is confirmed, again after `after`, `2 × after`, `4 × after`...; a late
+    /// heartbeat asks once per late stretch. Answer with [`settle`](Self::settle).
     pub fn check(
         &mut self,
         now: Instant,
         workers: &[WorkerSample],
         heartbeat_age: Option<Duration>,
-    ) -> Option<Rescue> {
+    ) -> Option<Ask> {
         // A check far later than planned: the monitor itself did not run (the process
         // was paused, or a scan took long). What the workers did meanwhile is unknown,
         // and the heartbeat's age counts the pause: start afresh, and let a late
         // heartbeat ask only once it has been on time again.
-        let gap = self
-            .last_check
-            .replace(now)
-            .map(|at| now.saturating_duration_since(at));
+        let previous = self.last_check.replace(now);
+        let gap = previous.map(|at| now.saturating_duration_since(at));
         if gap.is_some_and(|gap| gap > (self.after * 2).max(PAUSE)) {
             self.workers.clear();
             self.heartbeat_rescued = true;
@@ -142,34 +280,26 @@ impl DriverWatch {
         if self.workers.len() != workers.len() {
             self.workers = workers
                 .iter()
-                .map(|&sample| Seen {
-                    sample,
-                    since: now,
-                    rescued: false,
-                })
+                .map(|&sample| Seen::new(sample, now, None))
                 .collect();
         }
         let mut idle = 0;
-        // The worker longest in one poll, not rescued yet.
-        let mut stuck: Option<(usize, Duration)> = None;
+        // The worker longest silent whose stretch asks now.
+        let mut silent: Option<(usize, Duration)> = None;
         for (index, (seen, &sample)) in self.workers.iter_mut().zip(workers).enumerate() {
             if seen.sample != sample {
-                *seen = Seen {
-                    sample,
-                    since: now,
-                    rescued: false,
-                };
+                *seen = Seen::new(sample, now, previous);
             }
             if sample.is_idle() {
                 idle += 1;
                 continue;
             }
-            let in_poll_for = now.saturating_duration_since(seen.since);
-            if !seen.rescued
-                && in_poll_for >= self.after
-                && stuck.is_none_or(|(_, d)| in_poll_for > d)
-            {
-                stuck = Some((index, in_poll_for));
+            let silent_for = now.saturating_duration_since(seen.since);
+            let due = seen
+                .next_ask
+                .map_or(silent_for >= self.after, |at| now >= at);
+            if !seen.rescued && due && silent.is_none_or(|(_, d)| silent_for > d) {
+                silent = Some((index, silent_for));
             }
         }
         let late = match (heartbeat_age, self.heartbeat_period) {
@@ -181,28 +311,141 @@ impl DriverWatch {
         }
         if idle == 0
             || self
-                .last_rescue
+                .last_wake
                 .is_some_and(|at| now.saturating_duration_since(at) < self.after)
         {
             return None;
         }
-        let (cause, unattended) = match (stuck, late) {
-            (Some((worker, in_poll_for)), _) => {
-                self.workers[worker].rescued = true;
-                (Cause::WorkerInOnePoll { worker }, in_poll_for)
+        let (cause, wakes_anyway, unattended) = match (silent, late) {
+            (Some((worker, silent_for)), _) => {
+                let seen = &self.workers[worker];
+                let unattended = seen
+                    .published_after
+                    .map_or(silent_for, |at| now.saturating_duration_since(at));
+                let cause = Cause::WorkerSilent {
+                    worker,
+                    published_after: seen.published_after,
+                };
+                (cause, seen.next_ask.is_none(), unattended)
             }
-            (None, Some(age)) if !self.heartbeat_rescued => (Cause::HeartbeatLate { age }, age),
+            (None, Some(age)) if !self.heartbeat_rescued => {
+                (Cause::HeartbeatLate { age }, true, age)
+            }
             _ => return None,
         };
-        // One wake serves both: a late heartbeat does not ask again in this stretch.
-        self.heartbeat_rescued |= late.is_some();
-        self.last_rescue = Some(now);
-        Some(Rescue {
+        Some(Ask {
             cause,
+            wakes_anyway,
             unattended,
             idle,
             workers: workers.len(),
+            heartbeat_late: late.is_some(),
         })
+    }
+
+    /// Whether the reconcile in `poll` at `now` holds the worker that `ask` is about:
+    /// inside one poll for at least `after`, on a thread of the watched runtime, in a
+    /// poll that began after the worker last published (a reconcile whose worker moved
+    /// on, as inside `block_in_place`, began before it), and on no thread already named
+    /// for another worker still silent.
+    #[must_use]
+    pub fn holds(&self, ask: &Ask, now: Instant, poll: &PollSeen) -> bool {
+        let Cause::WorkerSilent {
+            worker,
+            published_after,
+        } = ask.cause
+        else {
+            return false;
+        };
+        // A later poll began up to a tick after its date: long only if long from the
+        // latest start it may have had. A first poll is dated by its registration, at or
+        // before the poll, which may also come before the worker's last publication: it
+        // cannot be placed.
+        let (tick, first) = (self.coarse_tick, poll.first);
+        let latest_start = if first { poll.began } else { poll.began + tick };
+        let long = now.saturating_duration_since(latest_start) >= self.after;
+        let after_publication = first || published_after.is_none_or(|at| poll.began + tick >= at);
+        let named_elsewhere = poll.tid.is_some()
+            && self
+                .workers
+                .iter()
+                .enumerate()
+                .any(|(i, seen)| i != worker && seen.rescued && seen.culprit_tid == poll.tid);
+        poll.on_watched_runtime && long && after_publication && !named_elsewhere
+    }
+
+    /// What `found` for `ask` (made at `now`) makes of it: a wake, counted by its cause,
+    /// or, for a later ask of a stretch that found no culprit, none (the stretch asks
+    /// again later).
+    pub fn settle(&mut self, now: Instant, ask: &Ask, found: Found) -> Option<Wake> {
+        let cause = match ask.cause {
+            Cause::HeartbeatLate { .. } => WakeCause::HeartbeatLate,
+            Cause::WorkerSilent { worker, .. } => {
+                let after = self.after;
+                let seen = &mut self.workers[worker];
+                if let Found::Culprit { tid } = found {
+                    seen.rescued = true;
+                    seen.culprit_tid = tid;
+                    WakeCause::Rescue
+                } else {
+                    seen.backoff = (seen.backoff * 2).max(after);
+                    seen.next_ask = Some(now + seen.backoff);
+                    if !ask.wakes_anyway {
+                        return None;
+                    }
+                    if found == Found::NotLookedUp {
+                        WakeCause::NotLookedUp
+                    } else {
+                        WakeCause::BusyWorker
+                    }
+                }
+            }
+        };
+        // One wake serves both: a late heartbeat does not ask again in this stretch.
+        self.heartbeat_rescued |= ask.heartbeat_late;
+        self.last_wake = Some(now);
+        Some(Wake {
+            cause,
+            unattended: ask.unattended,
+            idle: ask.idle,
+            workers: ask.workers,
+        })
+    }
+}
+
+/// How many registry entries the rescue's lookups may read per [`LOOKUP_PERIOD`]: a
+/// lookup reads one word of every entry (about 5 ms at 100,000 in flight), and a storm
+/// of silent workers must not make the monitor do that every 20 ms. 1,600,000 entries
+/// are 16 lookups at 100,000 in flight, and 1,600 at 1,000.
+pub const LOOKUP_ENTRIES: u64 = 1_600_000;
+
+/// The period of [`LOOKUP_ENTRIES`].
+pub const LOOKUP_PERIOD: Duration = Duration::from_secs(60);
+
+/// The rescue's lookup budget: entries read per period.
+#[derive(Debug, Default)]
+pub struct LookupBudget {
+    period_began: Option<Instant>,
+    read: u64,
+}
+
+impl LookupBudget {
+    /// Whether a lookup at `now` keeps to the budget (the last one of a period may
+    /// overshoot it by one registry's size).
+    pub fn allows(&mut self, now: Instant) -> bool {
+        if self
+            .period_began
+            .is_none_or(|at| now.saturating_duration_since(at) >= LOOKUP_PERIOD)
+        {
+            self.period_began = Some(now);
+            self.read = 0;
+        }
+        self.read < LOOKUP_ENTRIES
+    }
+
+    /// A lookup read `entries`.
+    pub fn spend(&mut self, entries: u64) {
+        self.read = self.read.saturating_add(entries);
     }
 }
 
@@ -210,7 +453,7 @@ impl DriverWatch {
 /// next one, their culprits named or counted (and each one counted in the metrics).
 pub const RESCUE_REPORT_EVERY: Duration = Duration::from_secs(60);
 
-/// A reconcile inside a poll at a rescue: what the WARN names.
+/// A reconcile that held a worker at a rescue: what the WARN names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Culprit {
     pub(crate) controller: Arc<str>,
@@ -230,26 +473,11 @@ pub(crate) struct Held {
     pub(crate) named: Vec<(Culprit, u64)>,
     /// The culprits past the first few, per controller.
     pub(crate) counted: Vec<(Arc<str>, u64)>,
-    /// Held rescues counted without looking up their reconciles: the period's lookups
-    /// were spent ([`LOOKUPS_PER_REPORT`]).
-    pub(crate) unnamed: u64,
-    /// Held rescues that warrant a WARN: the others (a worker in one poll with no
-    /// reconcile inside one) only ride along in the next one's count.
-    reportable: u64,
-    /// Held rescues whose reconciles were looked up.
-    lookups: u32,
 }
 
-/// How many held rescues of one report period may look up the reconciles inside a poll:
-/// a lookup reads every entry of the registry (milliseconds at 100,000 in flight), and a
-/// storm of blocking polls must not make the monitor do it every 20 ms. Later rescues of
-/// the period are counted, unnamed.
-pub(crate) const LOOKUPS_PER_REPORT: u32 = 16;
-
 impl Held {
-    fn add(&mut self, culprits: impl IntoIterator<Item = Culprit>, reportable: bool) {
+    fn add(&mut self, culprits: impl IntoIterator<Item = Culprit>) {
         self.rescues += 1;
-        self.reportable += u64::from(reportable);
         for culprit in culprits {
             let same = |c: &Culprit| {
                 same_name(&c.controller, &culprit.controller) && c.object == culprit.object
@@ -289,51 +517,34 @@ impl RescueReports {
             .is_none_or(|at| now.saturating_duration_since(at) >= RESCUE_REPORT_EVERY)
     }
 
-    /// A rescue at `now` that found `culprits` inside a poll; `reportable` unless it is a
-    /// worker in one poll with no reconcile inside one (a preempted worker looks the
-    /// same). `Some` to report it now, with the rescues held since the previous report;
-    /// `None` when it is held.
+    /// A rescue at `now` of `culprits`. `Some` to report it now, with the rescues held
+    /// since the previous report; `None` when it is held.
     pub(crate) fn rescue(
         &mut self,
         now: Instant,
         culprits: impl IntoIterator<Item = Culprit>,
-        reportable: bool,
     ) -> Option<Held> {
-        if reportable && self.due(now) {
+        if self.due(now) {
             self.last = Some(now);
             return Some(std::mem::take(&mut self.held));
         }
-        self.held.add(culprits, reportable);
-        self.held.lookups += 1;
+        self.held.add(culprits);
         None
     }
 
-    /// Whether a rescue at `now` should look up the reconciles inside a poll: when a
-    /// report is due, or while the period's lookups last.
-    pub(crate) fn wants_culprits(&self, now: Instant) -> bool {
-        self.due(now) || self.held.lookups < LOOKUPS_PER_REPORT
-    }
-
-    /// A rescue held without a lookup (the period's are spent): counted into the next
-    /// report's rescues, never a WARN by itself.
-    pub(crate) fn hold_unnamed(&mut self) {
-        self.held.rescues += 1;
-        self.held.unnamed += 1;
-    }
-
-    /// The rescues held, once the period since the previous report has passed and one of
-    /// them warrants a WARN: reported even if no further rescue comes.
+    /// The rescues held, once the period since the previous report has passed: reported
+    /// even if no further rescue comes.
     pub(crate) fn flush(&mut self, now: Instant) -> Option<Held> {
-        if self.held.reportable == 0 || !self.due(now) {
+        if self.held.rescues == 0 || !self.due(now) {
             return None;
         }
         self.last = Some(now);
         Some(std::mem::take(&mut self.held))
     }
 
-    /// The rescues held that warrant a WARN, whatever the rate: the monitor stops.
+    /// The rescues held, whatever the rate: the monitor stops.
     pub(crate) fn take(&mut self) -> Option<Held> {
-        (self.held.reportable > 0).then(|| std::mem::take(&mut self.held))
+        (self.held.rescues > 0).then(|| std::mem::take(&mut self.held))
     }
 }
 
@@ -361,46 +572,207 @@ mod tests {
         DriverWatch::new(20 * MS, Some(500 * MS))
     }
 
+    /// A later poll on a watched worker thread that began at `began`.
+    fn poll(began: Instant, tid: u32) -> PollSeen {
+        PollSeen {
+            began,
+            first: false,
+            on_watched_runtime: true,
+            tid: Some(tid),
+        }
+    }
+
+    /// Checks at `at`, and settles what it asks with `found`.
+    fn step(
+        w: &mut DriverWatch,
+        at: Instant,
+        workers: &[WorkerSample],
+        age: Option<Duration>,
+        found: Found,
+    ) -> Option<Wake> {
+        let ask = w.check(at, workers, age)?;
+        w.settle(at, &ask, found)
+    }
+
+    fn culprit_on(tid: u32) -> Found {
+        Found::Culprit { tid: Some(tid) }
+    }
+
     #[test]
-    fn a_worker_in_one_poll_with_another_idle_is_rescued_once() {
+    fn a_reconcile_holding_its_worker_is_one_rescue() {
         let mut w = watch();
         let t0 = Instant::now();
         let fresh = Some(10 * MS);
-        // Worker 0 leaves the driver to run a task; 1 and 2 sleep.
-        let workers = [running(5, 100), idle(3), idle(4)];
-        assert_eq!(w.check(t0, &workers, fresh), None);
+        let parked = [idle(5), idle(3), idle(4)];
+        assert_eq!(w.check(t0, &parked, fresh), None);
+        // Worker 0 leaves the driver to run a task and blocks in its poll; 1 and 2
+        // sleep.
+        let workers = [running(6, 100), idle(3), idle(4)];
         assert_eq!(w.check(t0 + 10 * MS, &workers, fresh), None);
-        let rescue = w.check(t0 + 20 * MS, &workers, fresh).expect("a rescue");
+        assert_eq!(w.check(t0 + 20 * MS, &workers, fresh), None);
+        let ask = w.check(t0 + 30 * MS, &workers, fresh).expect("an ask");
         assert_eq!(
-            rescue,
-            Rescue {
-                cause: Cause::WorkerInOnePoll { worker: 0 },
-                unattended: 20 * MS,
+            ask.cause,
+            Cause::WorkerSilent {
+                worker: 0,
+                published_after: Some(t0),
+            }
+        );
+        assert!(ask.wakes_anyway);
+        // It published after the check at t0: timers may be late by up to 30 ms.
+        assert_eq!(ask.unattended, 30 * MS);
+        // The reconcile's poll began after the worker last published, 25 ms ago.
+        assert!(w.holds(&ask, t0 + 30 * MS, &poll(t0 + 5 * MS, 7)));
+        let wake = w.settle(t0 + 30 * MS, &ask, culprit_on(7)).unwrap();
+        assert_eq!(
+            wake,
+            Wake {
+                cause: WakeCause::Rescue,
+                unattended: 30 * MS,
                 idle: 2,
                 workers: 3,
             }
         );
         // The same poll goes on: no second wake, however long.
-        for n in 3..100 {
+        for n in 4..100 {
             assert_eq!(w.check(t0 + n * 10 * MS, &workers, fresh), None);
         }
         // The poll returns and the worker parks; a later poll of its own is a new stretch.
-        let later = [running(6, 900), idle(3), idle(4)];
+        let later = [running(7, 900), idle(3), idle(4)];
         let t1 = t0 + 2 * Duration::from_secs(1);
         assert_eq!(w.check(t1, &later, fresh), None);
         assert!(w.check(t1 + 20 * MS, &later, fresh).is_some());
     }
 
     #[test]
-    fn a_busy_worker_that_publishes_progress_is_left_alone() {
+    fn a_busy_worker_is_woken_as_busy_never_as_a_rescue() {
         let mut w = watch();
         let t0 = Instant::now();
-        // It never parks, but its busy time moves: it runs many tasks, and drives the
-        // driver between them.
-        for n in 0..50u32 {
-            let workers = [running(5, 1_000 * u64::from(n)), idle(3)];
-            assert_eq!(w.check(t0 + n * 10 * MS, &workers, Some(MS)), None);
+        let mut wakes = Vec::new();
+        // A worker running many 2 ms polls publishes only at its maintenance, every
+        // 120 ms or so; no guarded reconcile is ever inside a poll for 20 ms.
+        for n in 0..300u32 {
+            let at = t0 + n * 10 * MS;
+            let published = u64::from(n / 12);
+            let workers = [running(5, published), idle(3), idle(4), idle(6)];
+            if let Some(ask) = w.check(at, &workers, Some(MS)) {
+                let short = poll(at - 2 * MS, 9);
+                assert!(!w.holds(&ask, at, &short));
+                wakes.extend(w.settle(at, &ask, Found::Nobody));
+            }
         }
+        assert!(!wakes.is_empty(), "the wakes go on: they help timers");
+        assert!(
+            wakes.iter().all(|w| w.cause == WakeCause::BusyWorker),
+            "{wakes:?}"
+        );
+        // One wake per silent stretch (the later asks of a stretch wake nobody).
+        assert!(wakes.len() <= 25, "{}", wakes.len());
+    }
+
+    #[test]
+    fn a_reconcile_that_blocks_late_in_a_silent_stretch_is_a_rescue_at_a_later_ask() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), idle(3)];
+        assert_eq!(w.check(t0, &[idle(4), idle(3)], None), None);
+        assert_eq!(w.check(t0 + 10 * MS, &workers, None), None);
+        // At 30 ms the worker is silent, busy with short polls: woken as busy.
+        let first = step(&mut w, t0 + 30 * MS, &workers, None, Found::Nobody).unwrap();
+        assert_eq!(first.cause, WakeCause::BusyWorker);
+        // Then a reconcile blocks (its poll began at 35 ms). The stretch asks again
+        // 20 ms later, then 40 ms after that; nothing found wakes nobody.
+        assert_eq!(w.check(t0 + 40 * MS, &workers, None), None);
+        let ask = w.check(t0 + 50 * MS, &workers, None).expect("a second ask");
+        assert!(!ask.wakes_anyway);
+        assert!(
+            !w.holds(&ask, t0 + 50 * MS, &poll(t0 + 35 * MS, 7)),
+            "15 ms"
+        );
+        assert_eq!(w.settle(t0 + 50 * MS, &ask, Found::Nobody), None);
+        assert_eq!(w.check(t0 + 80 * MS, &workers, None), None);
+        let ask = w.check(t0 + 90 * MS, &workers, None).expect("a third ask");
+        assert!(w.holds(&ask, t0 + 90 * MS, &poll(t0 + 35 * MS, 7)));
+        let rescue = w.settle(t0 + 90 * MS, &ask, culprit_on(7)).unwrap();
+        assert_eq!(rescue.cause, WakeCause::Rescue);
+        assert_eq!(w.check(t0 + 500 * MS, &workers, None), None, "rescued");
+    }
+
+    #[test]
+    fn only_a_long_poll_of_the_watched_runtime_that_began_after_the_worker_published_holds_it() {
+        // Polls dated on a clock up to 10 ms behind.
+        let w = watch().with_coarse_tick(10 * MS);
+        let t0 = Instant::now();
+        let ask = Ask {
+            cause: Cause::WorkerSilent {
+                worker: 0,
+                published_after: Some(t0 + 100 * MS),
+            },
+            wakes_anyway: true,
+            unattended: 40 * MS,
+            idle: 3,
+            workers: 4,
+            heartbeat_late: false,
+        };
+        let now = t0 + 140 * MS;
+        assert!(w.holds(&ask, now, &poll(t0 + 105 * MS, 1)));
+        // Too short a poll, if it began up to a tick after its date.
+        assert!(!w.holds(&ask, now, &poll(t0 + 115 * MS, 1)));
+        // On a thread of another runtime, or of none.
+        let elsewhere = PollSeen {
+            on_watched_runtime: false,
+            ..poll(t0 + 105 * MS, 1)
+        };
+        assert!(!w.holds(&ask, now, &elsewhere));
+        // A poll that began before the worker last published: the worker moved on (as
+        // from a reconcile inside `block_in_place`), so the poll does not hold it; the
+        // coarse clock's tick is allowed for.
+        assert!(!w.holds(&ask, now, &poll(t0 + 80 * MS, 1)));
+        assert!(w.holds(&ask, now, &poll(t0 + 95 * MS, 1)));
+        // A first poll is dated by its registration: it cannot be placed, and counts.
+        let first = PollSeen {
+            first: true,
+            ..poll(t0 + 10 * MS, 1)
+        };
+        assert!(w.holds(&ask, now, &first));
+        // A late heartbeat has no worker to hold.
+        let late = Ask {
+            cause: Cause::HeartbeatLate { age: MS * 1100 },
+            ..ask
+        };
+        assert!(!w.holds(&late, now, &poll(t0 + 105 * MS, 1)));
+    }
+
+    #[test]
+    fn a_thread_named_for_one_silent_worker_is_not_named_for_another() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), running(6, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, None), None);
+        let first = w.check(t0 + 25 * MS, &workers, None).unwrap();
+        assert_eq!(
+            first.cause,
+            Cause::WorkerSilent {
+                worker: 0,
+                published_after: None
+            }
+        );
+        let blocker = poll(t0 + MS, 7);
+        assert!(w.holds(&first, t0 + 25 * MS, &blocker));
+        assert!(w.settle(t0 + 25 * MS, &first, culprit_on(7)).is_some());
+        // Worker 1 is as silent, but one wake per `after` at most; then thread 7 is
+        // worker 0's, and only another thread can hold worker 1.
+        assert_eq!(w.check(t0 + 30 * MS, &workers, None), None);
+        let second = w.check(t0 + 45 * MS, &workers, None).unwrap();
+        assert!(matches!(
+            second.cause,
+            Cause::WorkerSilent { worker: 1, .. }
+        ));
+        assert!(!w.holds(&second, t0 + 45 * MS, &blocker));
+        assert!(w.holds(&second, t0 + 45 * MS, &poll(t0 + 2 * MS, 8)));
+        let wake = w.settle(t0 + 45 * MS, &second, culprit_on(8)).unwrap();
+        assert_eq!(wake.idle, 1);
+        assert_eq!(wake.cause, WakeCause::Rescue);
     }
 
     #[test]
@@ -413,9 +785,9 @@ mod tests {
         }
         // One worker comes free while the other is still in its poll: it is woken.
         let workers = [running(5, 100), idle(8)];
-        let rescue = w.check(t0 + 500 * MS, &workers, Some(500 * MS)).unwrap();
-        assert_eq!(rescue.cause, Cause::WorkerInOnePoll { worker: 0 });
-        assert_eq!(rescue.unattended, 500 * MS);
+        let ask = w.check(t0 + 500 * MS, &workers, Some(500 * MS)).unwrap();
+        assert!(matches!(ask.cause, Cause::WorkerSilent { worker: 0, .. }));
+        assert_eq!(ask.unattended, 500 * MS);
     }
 
     #[test]
@@ -425,9 +797,11 @@ mod tests {
         // Every worker looks idle (a poll too short to see, say), yet timers are late.
         let workers = [idle(1), idle(2)];
         assert_eq!(w.check(t0, &workers, Some(1000 * MS)), None, "two periods");
-        let rescue = w.check(t0 + 10 * MS, &workers, Some(1001 * MS)).unwrap();
-        assert_eq!(rescue.cause, Cause::HeartbeatLate { age: 1001 * MS });
-        assert_eq!(rescue.unattended, 1001 * MS);
+        let ask = w.check(t0 + 10 * MS, &workers, Some(1001 * MS)).unwrap();
+        assert_eq!(ask.cause, Cause::HeartbeatLate { age: 1001 * MS });
+        let wake = w.settle(t0 + 10 * MS, &ask, Found::NotAsked).unwrap();
+        assert_eq!(wake.cause, WakeCause::HeartbeatLate);
+        assert_eq!(wake.unattended, 1001 * MS);
         assert_eq!(w.check(t0 + 900 * MS, &workers, Some(1900 * MS)), None);
         // On time again, then late again: a new stretch.
         assert_eq!(
@@ -440,41 +814,76 @@ mod tests {
     }
 
     #[test]
-    fn a_rescue_for_a_worker_serves_the_late_heartbeat_too() {
+    fn a_wake_for_a_worker_serves_the_late_heartbeat_too() {
         let mut w = watch();
         let t0 = Instant::now();
         let workers = [running(5, 100), idle(3)];
         assert_eq!(w.check(t0, &workers, Some(MS)), None);
-        let rescue = w.check(t0 + 30 * MS, &workers, Some(1200 * MS)).unwrap();
-        assert_eq!(rescue.cause, Cause::WorkerInOnePoll { worker: 0 });
-        assert_eq!(w.check(t0 + 60 * MS, &workers, Some(1230 * MS)), None);
+        let wake = step(
+            &mut w,
+            t0 + 30 * MS,
+            &workers,
+            Some(1200 * MS),
+            Found::Nobody,
+        );
+        assert_eq!(wake.map(|w| w.cause), Some(WakeCause::BusyWorker));
+        // The stretch's later asks wake nobody without a culprit, and the heartbeat's
+        // late stretch had its wake.
+        for n in 4..20 {
+            let at = t0 + n * 15 * MS;
+            let age = Some(1200 * MS + n * 15 * MS);
+            assert_eq!(step(&mut w, at, &workers, age, Found::Nobody), None);
+        }
     }
 
     #[test]
-    fn wakes_are_bounded_in_rate() {
+    fn a_silent_worker_past_the_lookup_budget_is_woken_unlooked() {
         let mut w = watch();
         let t0 = Instant::now();
-        let workers = [running(5, 100), running(6, 100), idle(3)];
+        let workers = [running(5, 100), idle(3)];
         assert_eq!(w.check(t0, &workers, None), None);
-        let first = w.check(t0 + 25 * MS, &workers, None).unwrap();
-        assert_eq!(first.cause, Cause::WorkerInOnePoll { worker: 0 });
-        // Worker 1 is stuck as long, but one wake per `after` at most.
-        assert_eq!(w.check(t0 + 30 * MS, &workers, None), None);
-        let second = w.check(t0 + 45 * MS, &workers, None).unwrap();
-        assert_eq!(second.cause, Cause::WorkerInOnePoll { worker: 1 });
-        assert_eq!(second.idle, 1);
+        let wake = step(&mut w, t0 + 20 * MS, &workers, None, Found::NotLookedUp);
+        assert_eq!(wake.map(|w| w.cause), Some(WakeCause::NotLookedUp));
+        // A later ask, with budget again, may still find the culprit.
+        let ask = w.check(t0 + 40 * MS, &workers, None).unwrap();
+        let wake = w.settle(t0 + 40 * MS, &ask, culprit_on(3)).unwrap();
+        assert_eq!(wake.cause, WakeCause::Rescue);
     }
 
     #[test]
-    fn the_longest_stuck_worker_is_named() {
+    fn the_lookup_budget_is_entries_read_per_period() {
+        let mut budget = LookupBudget::default();
+        let t0 = Instant::now();
+        for _ in 0..16 {
+            assert!(budget.allows(t0));
+            budget.spend(100_000);
+        }
+        assert!(!budget.allows(t0 + 59 * 1000 * MS), "16 lookups of 100,000");
+        assert!(budget.allows(t0 + LOOKUP_PERIOD), "a new period");
+        for _ in 0..1_599 {
+            budget.spend(1_000);
+        }
+        assert!(budget.allows(t0 + LOOKUP_PERIOD), "1,600 lookups of 1,000");
+        budget.spend(1_000);
+        assert!(!budget.allows(t0 + LOOKUP_PERIOD));
+    }
+
+    #[test]
+    fn the_longest_silent_worker_is_asked_for() {
         let mut w = watch();
         let t0 = Instant::now();
         assert_eq!(w.check(t0, &[idle(1), running(2, 5), idle(4)], None), None);
         let workers = [running(1, 9), running(2, 5), idle(4)];
         assert_eq!(w.check(t0 + 10 * MS, &workers, None), None);
-        let rescue = w.check(t0 + 35 * MS, &workers, None).unwrap();
-        assert_eq!(rescue.cause, Cause::WorkerInOnePoll { worker: 1 });
-        assert_eq!(rescue.unattended, 35 * MS);
+        let ask = w.check(t0 + 35 * MS, &workers, None).unwrap();
+        assert_eq!(
+            ask.cause,
+            Cause::WorkerSilent {
+                worker: 1,
+                published_after: None
+            }
+        );
+        assert_eq!(ask.unattended, 35 * MS);
     }
 
     #[test]
@@ -499,10 +908,13 @@ mod tests {
             w.check(t1 + 30 * MS, &[running(6, 100), idle(3)], Some(MS)),
             None
         );
-        let rescue = w.check(t1 + 40 * MS, &[running(6, 100), idle(3)], Some(MS));
+        let ask = w.check(t1 + 40 * MS, &[running(6, 100), idle(3)], Some(MS));
         assert_eq!(
-            rescue.map(|r| r.cause),
-            Some(Cause::WorkerInOnePoll { worker: 0 })
+            ask.map(|a| a.cause),
+            Some(Cause::WorkerSilent {
+                worker: 0,
+                published_after: Some(t1 + 10 * MS)
+            })
         );
     }
 
@@ -519,19 +931,16 @@ mod tests {
         let mut reports = RescueReports::default();
         let t0 = Instant::now();
         assert_eq!(
-            reports.rescue(t0, [culprit("web", "a", 30)], true),
+            reports.rescue(t0, [culprit("web", "a", 30)]),
             Some(Held::default())
         );
+        assert_eq!(reports.rescue(t0 + MS, [culprit("web", "b", 25)]), None);
         assert_eq!(
-            reports.rescue(t0 + MS, [culprit("web", "b", 25)], true),
-            None
-        );
-        assert_eq!(
-            reports.rescue(t0 + 59 * 1000 * MS, [culprit("db", "c", 40)], true),
+            reports.rescue(t0 + 59 * 1000 * MS, [culprit("db", "c", 40)]),
             None
         );
         let held = reports
-            .rescue(t0 + RESCUE_REPORT_EVERY, [culprit("web", "d", 20)], true)
+            .rescue(t0 + RESCUE_REPORT_EVERY, [culprit("web", "d", 20)])
             .expect("a minute later, a report");
         assert_eq!(held.rescues, 2);
         assert_eq!(
@@ -540,16 +949,11 @@ mod tests {
         );
         assert!(held.counted.is_empty());
         // The report took them: the next holds afresh.
+        assert_eq!(reports.rescue(t0 + RESCUE_REPORT_EVERY + MS, []), None);
         assert_eq!(
-            reports.rescue(t0 + RESCUE_REPORT_EVERY + MS, [], true),
-            None
-        );
-        assert_eq!(
-            reports.rescue(t0 + 2 * RESCUE_REPORT_EVERY, [], true),
+            reports.rescue(t0 + 2 * RESCUE_REPORT_EVERY, []),
             Some(Held {
                 rescues: 1,
-                reportable: 1,
-                lookups: 1,
                 ..Held::default()
             })
         );
@@ -559,16 +963,9 @@ mod tests {
     fn held_rescues_are_reported_once_the_period_passes_without_another() {
         let mut reports = RescueReports::default();
         let t0 = Instant::now();
-        assert!(
-            reports
-                .rescue(t0, [culprit("web", "a", 30)], true)
-                .is_some()
-        );
+        assert!(reports.rescue(t0, [culprit("web", "a", 30)]).is_some());
         assert_eq!(reports.flush(t0 + MS), None, "nothing held");
-        assert_eq!(
-            reports.rescue(t0 + MS, [culprit("web", "b", 25)], true),
-            None
-        );
+        assert_eq!(reports.rescue(t0 + MS, [culprit("web", "b", 25)]), None);
         assert_eq!(
             reports.flush(t0 + RESCUE_REPORT_EVERY - MS),
             None,
@@ -580,11 +977,7 @@ mod tests {
         assert_eq!(reports.flush(t0 + 2 * RESCUE_REPORT_EVERY), None, "taken");
         // The flush was a report: the next rescue within its minute is held.
         assert_eq!(
-            reports.rescue(
-                t0 + RESCUE_REPORT_EVERY + MS,
-                [culprit("web", "c", 25)],
-                true
-            ),
+            reports.rescue(t0 + RESCUE_REPORT_EVERY + MS, [culprit("web", "c", 25)]),
             None
         );
         assert_eq!(reports.take().map(|h| h.rescues), Some(1));
@@ -592,38 +985,20 @@ mod tests {
     }
 
     #[test]
-    fn rescues_without_a_reconcile_in_a_poll_are_counted_but_never_warned_alone() {
-        let mut reports = RescueReports::default();
-        let t0 = Instant::now();
-        // Quiet even when due, and it does not use up the report.
-        assert_eq!(reports.rescue(t0, [], false), None);
-        assert_eq!(reports.flush(t0 + 2 * RESCUE_REPORT_EVERY), None);
-        assert_eq!(reports.take(), None);
-        let held = reports
-            .rescue(t0 + MS, [culprit("web", "a", 30)], true)
-            .expect("the first report");
-        assert_eq!(held.rescues, 1, "the quiet one rides along in its count");
-        assert!(held.named.is_empty());
-    }
-
-    #[test]
     fn held_culprits_are_named_a_few_and_counted_per_controller() {
         let mut reports = RescueReports::default();
         let t0 = Instant::now();
-        assert!(reports.rescue(t0, [], true).is_some());
+        assert!(reports.rescue(t0, []).is_some());
         // One object blocking again and again is named once, with its count.
         for n in 1..=3 {
             let at = t0 + n * MS;
-            assert_eq!(
-                reports.rescue(at, [culprit("web", "again", 20 + n)], true),
-                None
-            );
+            assert_eq!(reports.rescue(at, [culprit("web", "again", 20 + n)]), None);
         }
         for i in 0..1000 {
             let controller = if i % 4 == 0 { "db" } else { "web" };
             let at = t0 + 10 * MS;
             let found = [culprit(controller, &format!("o-{i}"), 25)];
-            assert_eq!(reports.rescue(at, found, true), None);
+            assert_eq!(reports.rescue(at, found), None);
         }
         let held = reports.flush(t0 + RESCUE_REPORT_EVERY).expect("flushed");
         assert_eq!(held.rescues, 1003);
@@ -635,39 +1010,6 @@ mod tests {
             held.counted,
             [(Arc::from("db"), 249), (Arc::from("web"), 747)]
         );
-    }
-
-    #[test]
-    fn held_rescues_past_the_lookup_budget_are_counted_without_a_lookup() {
-        let mut reports = RescueReports::default();
-        let t0 = Instant::now();
-        assert!(reports.wants_culprits(t0));
-        assert!(
-            reports
-                .rescue(t0, [culprit("web", "a", 30)], true)
-                .is_some()
-        );
-        for i in 0..LOOKUPS_PER_REPORT {
-            assert!(reports.wants_culprits(t0 + MS), "lookup {i}");
-            let found = [culprit("web", &format!("o-{i}"), 25)];
-            assert_eq!(reports.rescue(t0 + MS, found, true), None);
-        }
-        assert!(
-            !reports.wants_culprits(t0 + MS),
-            "the period's lookups are spent"
-        );
-        reports.hold_unnamed();
-        reports.hold_unnamed();
-        assert!(
-            reports.wants_culprits(t0 + RESCUE_REPORT_EVERY),
-            "a report is due: it names what it reports"
-        );
-        let held = reports.flush(t0 + RESCUE_REPORT_EVERY).expect("flushed");
-        assert_eq!(held.rescues, u64::from(LOOKUPS_PER_REPORT) + 2);
-        assert_eq!(held.unnamed, 2);
-        assert_eq!(held.named.len(), NAMED);
-        // The budget is per report period.
-        assert!(reports.wants_culprits(t0 + RESCUE_REPORT_EVERY + MS));
     }
 
     #[test]

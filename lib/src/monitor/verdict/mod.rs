@@ -1210,6 +1210,7 @@ mod tests {
             thread: Some(ThreadInfo {
                 name: "worker".into(),
                 tid: Some(42),
+                runtime: None,
             }),
             task_id: Some(7),
             cancel_requested: false,
