@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Every figure of docs/performance.md in one run: the criterion benches (guard overhead,
-# scan cost), then the load program, which adds its own measurements and prints the
-# table of every figure beside its budget (also saved to target/performance-table.md).
+# The core figures of docs/performance.md in one run: the criterion benches of
+# benches/guard.rs (guard overhead per variant, scan cost), then the load program
+# (benches/load/: the guard in alternating turns, instruction counts, registration
+# during scans, the mass-failure scan, detection latency, probe latency under load,
+# memory), which prints those figures beside their budgets (also saved to
+# target/performance-table.md). The other figures (HTTP surface and soak, waits, watch
+# layer, task dump, the runtime rescue, footprint, capture memory) have commands of
+# their own, named in docs/performance.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,6 +1,7 @@
 //! `docs/flags.md` against `--help`: every subcommand that `--help` lists has a section
 //! whose table names exactly its flags, with their environment variables and defaults.
-//! Sections for subcommands this build does not have are not checked.
+//! Sections for subcommands this build does not have are not checked. The page is the
+//! one table of flags: `run`'s comes first, and README.md keeps none of its own.
 
 mod support;
 
@@ -145,4 +146,31 @@ fn flags_md_matches_help_for_every_subcommand() {
             );
         }
     }
+}
+
+#[test]
+fn flags_md_shows_run_first_and_readme_has_no_table_of_its_own() {
+    let first = flags_in_doc_order().into_iter().next();
+    assert_eq!(
+        first.as_deref(),
+        Some("run"),
+        "docs/flags.md opens with `run`"
+    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+    let readme = std::fs::read_to_string(path).expect("README.md exists");
+    let rows: Vec<&str> = readme.lines().filter(|l| l.starts_with("| `--")).collect();
+    assert!(
+        rows.is_empty(),
+        "README.md has flag rows of its own; link to docs/flags.md instead: {rows:?}"
+    );
+}
+
+/// The subcommands of docs/flags.md's sections, in the page's order.
+fn flags_in_doc_order() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/flags.md");
+    let doc = std::fs::read_to_string(path).expect("docs/flags.md exists");
+    doc.split("\n## `")
+        .skip(1)
+        .filter_map(|section| section.split_once('`').map(|(name, _)| name.to_owned()))
+        .collect()
 }
