@@ -20,6 +20,12 @@ mod robustness;
 mod signal;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod symbols;
+#[cfg(all(
+    feature = "stack-capture",
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod vouch;
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -165,7 +165,7 @@ pub(super) struct StackCopy {
     start: u64,
     bytes: Vec<u8>,
     mapping: Range<u64>,
-    memory: File,
+    pub(super) memory: File,
 }
 
 impl StackCopy {
@@ -242,6 +242,14 @@ impl Maps {
             .as_deref()
             .filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))?;
         Some((path, mapping.offset + (address - mapping.range.start)))
+    }
+
+    /// The mapping `address` is in: its range, whether it is executable, whether it
+    /// maps a file.
+    pub(super) fn mapping_of(&self, address: u64) -> Option<(Range<u64>, bool, bool)> {
+        let m = self.containing(address)?;
+        let is_file = m.path.as_deref().is_some_and(|p| p.starts_with('/'));
+        Some((m.range.clone(), m.executable, is_file))
     }
 
     fn containing(&self, address: u64) -> Option<&Mapping> {
@@ -343,6 +351,7 @@ impl Unwinder {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod native {
     use std::ops::Range;
+    use std::sync::Arc;
     use std::time::Instant;
 
     #[cfg(target_arch = "aarch64")]
@@ -357,6 +366,7 @@ mod native {
     use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
     use object::{Object, ObjectSection, ObjectSegment};
 
+    use super::super::vouch::{Call, Code, Functions, Starts};
     use super::{Address, Failure, Mapping, Maps, Registers, StackCopy, Unwound, past};
 
     /// How many frame records a capture tries as the frame pointer.
@@ -366,8 +376,9 @@ mod native {
     /// address) those are, with tables or without.
     pub(super) struct Tables {
         read: Vec<(String, u64)>,
-        unwinder: ArchUnwinder<Vec<u8>>,
+        unwinder: ArchUnwinder<Arc<[u8]>>,
         cache: Cache,
+        starts: Starts,
     }
 
     impl Tables {
@@ -376,6 +387,7 @@ mod native {
                 read: Vec::new(),
                 unwinder: ArchUnwinder::new(),
                 cache: Cache::new(),
+                starts: Starts::default(),
             }
         }
 
@@ -393,8 +405,9 @@ mod native {
                     continue;
                 }
                 past(deadline, "reading the unwind tables of the mapped files")?;
-                if let Some(module) = module(path, mappings) {
+                if let Some((module, functions)) = module(path, mappings) {
                     self.unwinder.add_module(module);
+                    self.starts.0.push(functions);
                 }
                 self.read.push(file);
             }
@@ -410,26 +423,32 @@ mod native {
             deadline: Instant,
         ) -> Result<Unwound, Failure> {
             if let Some(fp) = registers.fp {
-                return self.walk(registers, fp, stack, max_frames);
+                return self.walk(maps, registers, fp, stack, max_frames, None);
             }
             // The frame pointer is not in the `syscall` file, and code built with frame
             // pointers (the Rust standard library is) finds its caller's frame through
             // it. Every frame record on the stack (a saved frame pointer that points
             // further up the stack, beside a return address into code) is a candidate
-            // for it: the walk from the first candidate that explains the stack
-            // furthest is taken, and the walk without one when no candidate beats it.
-            let mut best = self.walk(registers, 0, stack, max_frames)?;
+            // for it, but a record can be stale: left by calls that have returned, in
+            // memory a later frame never wrote. The step that takes a candidate as the
+            // frame pointer must be a direct call of the function below it, the one
+            // kind of step that a stale record cannot pass by chance; each later step
+            // is checked too. Of the candidates, the walk vouched for furthest is taken
+            // (the innermost of equals), and the walk without one when none beats it.
+            let mut best = self.walk(maps, registers, 0, stack, max_frames, None)?;
+            let without = best.addresses.clone();
             for fp in frame_records(maps, stack).take(MAX_FRAME_POINTER_CANDIDATES) {
                 if Instant::now() >= deadline {
                     if best.stopped_early.is_some() {
                         best.stopped_early = Some(
-                            "the capture deadline passed while searching for the frame pointer"
+                            "frames above could not be unwound: the capture deadline passed \
+                             while searching for the frame pointer"
                                 .to_owned(),
                         );
                     }
                     break;
                 }
-                let walk = self.walk(registers, fp, stack, max_frames)?;
+                let walk = self.walk(maps, registers, fp, stack, max_frames, Some(&without))?;
                 if walk.addresses.len() > best.addresses.len() {
                     best = walk;
                 }
@@ -453,26 +472,32 @@ mod native {
             Ok(Regs::new_with_ptr_auth_mask(mask, lr, registers.sp, fp))
         }
 
-        /// One walk from `registers`, with `fp` as the frame pointer.
+        /// One walk from `registers`, with `fp` as the frame pointer, each step vouched
+        /// for before its frame is kept. With `guessed_past`, `fp` is a guess: the first
+        /// step where this walk leaves those frames (the walk without a frame pointer)
+        /// is the one that took the guess, and must be a direct call.
         fn walk(
             &mut self,
+            maps: &Maps,
             registers: &Registers,
             fp: u64,
             stack: &StackCopy,
             max_frames: usize,
+            guessed_past: Option<&[Address]>,
         ) -> Result<Unwound, Failure> {
             let regs = self.regs(registers, fp)?;
             let mut read = |address| stack.word(address);
             let mut frames =
                 self.unwinder
                     .iter_frames(registers.pc, regs, &mut self.cache, &mut read);
+            let code = Code {
+                maps,
+                memory: &stack.memory,
+            };
             let mut out = Unwound::default();
             while out.addresses.len() < max_frames {
-                match frames.next() {
-                    Ok(Some(frame)) => out.addresses.push(Address {
-                        ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
-                        lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
-                    }),
+                let frame = match frames.next() {
+                    Ok(Some(frame)) => frame,
                     // The outermost frame, or one whose caller is marked as none.
                     Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break,
                     // An error ends the walk where it is: the frames so far are still true.
@@ -480,7 +505,42 @@ mod native {
                         out.stopped_early = Some(describe(error, out.addresses.last()));
                         break;
                     }
+                };
+                let address = Address {
+                    ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
+                    lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
+                };
+                if let Some(below) = out.addresses.last() {
+                    let index = out.addresses.len();
+                    let takes_the_guess = guessed_past.is_some_and(|without| {
+                        without[..index.min(without.len())] == out.addresses[..]
+                            && without.get(index) != Some(&address)
+                    });
+                    match self
+                        .starts
+                        .vouch(&code, below.lookup as u64, address.ip as u64)
+                    {
+                        Ok(Call::Direct) => {}
+                        Ok(Call::Indirect) if !takes_the_guess => {}
+                        Ok(Call::Indirect) => {
+                            out.stopped_early = Some(format!(
+                                "frames above {:#x} could not be unwound: its caller was found \
+                                 from a frame record on the stack, and the call before {:#x} \
+                                 is indirect, so the record cannot be told from a stale one",
+                                below.ip, address.ip
+                            ));
+                            break;
+                        }
+                        Err(why) => {
+                            out.stopped_early = Some(format!(
+                                "frames above {:#x} could not be unwound: {why}",
+                                below.ip
+                            ));
+                            break;
+                        }
+                    }
                 }
+                out.addresses.push(address);
             }
             Ok(out)
         }
@@ -507,7 +567,7 @@ mod native {
 
     /// The unwind tables of one mapped file: where its code is in this process, and its
     /// `.eh_frame`, read from the file. None when it has none or cannot be read.
-    fn module(path: &str, mappings: &[&Mapping]) -> Option<Module<Vec<u8>>> {
+    fn module(path: &str, mappings: &[&Mapping]) -> Option<(Module<Arc<[u8]>>, Functions)> {
         let file = std::fs::File::open(path).ok()?;
         let cache = object::read::ReadCache::new(file);
         let elf = object::File::parse(&cache).ok()?;
@@ -521,10 +581,21 @@ mod native {
             let s = elf.section_by_name(name)?;
             Some(s.address()..s.address() + s.size())
         };
-        let data = |name: &str| -> Option<Vec<u8>> {
-            Some(elf.section_by_name(name)?.data().ok()?.to_vec())
+        let data = |name: &str| -> Option<Arc<[u8]>> {
+            Some(Arc::from(elf.section_by_name(name)?.data().ok()?))
         };
         let eh_frame = data(".eh_frame")?;
+        let eh_frame_hdr = data(".eh_frame_hdr");
+        // Where functions start, for vouching for calls: without a sorted table none
+        // can be, and a walk through the module stops at its first frame there.
+        let functions = Functions::new(
+            avma.clone(),
+            bias,
+            range(".eh_frame_hdr").map_or(0, |r| r.start),
+            eh_frame_hdr.clone().unwrap_or_else(|| Arc::from(&[][..])),
+            range(".eh_frame").map_or(0, |r| r.start),
+            eh_frame.clone(),
+        );
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: range(".text"),
@@ -536,12 +607,12 @@ mod native {
             eh_frame_svma: range(".eh_frame"),
             eh_frame: Some(eh_frame),
             eh_frame_hdr_svma: range(".eh_frame_hdr"),
-            eh_frame_hdr: data(".eh_frame_hdr"),
+            eh_frame_hdr,
             debug_frame: None,
             text_segment_svma: None,
             text_segment: None,
         };
-        Some(Module::new(path.to_owned(), avma, bias, info))
+        Some((Module::new(path.to_owned(), avma, bias, info), functions))
     }
 
     /// The addresses on `stack`, innermost first, that look like a frame record: a
