@@ -366,7 +366,7 @@ mod native {
     use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
     use object::{Object, ObjectSection, ObjectSegment};
 
-    use super::super::vouch::{Call, Code, Functions, Starts};
+    use super::super::vouch::{Call, Code, Functions, Starts, frame_record_offset};
     use super::{Address, Failure, Mapping, Maps, Registers, StackCopy, Unwound, past};
 
     /// How many frame records a capture tries as the frame pointer.
@@ -437,7 +437,38 @@ mod native {
             // (the innermost of equals), and the walk without one when none beats it.
             let mut best = self.walk(maps, registers, 0, stack, max_frames, None)?;
             let without = best.addresses.clone();
-            for fp in frame_records(maps, stack).take(MAX_FRAME_POINTER_CANDIDATES) {
+            let Some(needs_fp) = without.last().copied() else {
+                return Ok(best);
+            };
+            let code = Code {
+                maps,
+                memory: &stack.memory,
+            };
+            // Where the frame that needs it keeps its record, when its prologue says: its
+            // stack pointer is just above the slot of the return address into it, and
+            // the record a fixed distance above that. No stale record can be there.
+            if let Some(record) = self.exact_record(&code, stack, &without) {
+                let walk = self.walk(maps, registers, record, stack, max_frames, None)?;
+                if walk.addresses.len() > without.len() {
+                    return Ok(walk);
+                }
+            }
+            // The record of the frame that needs the frame pointer holds a return address
+            // after a call of that frame's function: only such records are walked from.
+            // (Its saved frame pointer is not checked: a caller built without frame
+            // pointers saves whatever the register held.)
+            let records: Vec<u64> = frame_records(maps, stack)
+                .filter(|&at| {
+                    stack.word(at + 8).is_ok_and(|ret| {
+                        matches!(
+                            self.starts.vouch(&code, needs_fp.lookup as u64, ret),
+                            Ok(Call::Direct | Call::TailCall(_))
+                        )
+                    })
+                })
+                .take(MAX_FRAME_POINTER_CANDIDATES)
+                .collect();
+            for fp in records {
                 if Instant::now() >= deadline {
                     if best.stopped_early.is_some() {
                         best.stopped_early = Some(
@@ -453,7 +484,38 @@ mod native {
                     best = walk;
                 }
             }
+            // The walk without a frame pointer ends where one was needed, even when the
+            // unwinder takes its absence for the outermost frame: it says so (the capture
+            // drops the note when that frame is where threads start).
+            if best.addresses.len() == without.len() && best.stopped_early.is_none() {
+                best.stopped_early = Some(format!(
+                    "frames above {:#x} could not be unwound: no frame record on the stack \
+                     could be vouched for as its caller's",
+                    needs_fp.ip
+                ));
+            }
             Ok(best)
+        }
+
+        /// The address of the frame record of the outermost of `frames` (found without
+        /// a frame pointer), from its function's prologue and the return address into
+        /// it on the stack.
+        fn exact_record(
+            &self,
+            code: &Code<'_>,
+            stack: &StackCopy,
+            frames: &[Address],
+        ) -> Option<u64> {
+            let [.., _, needs_fp] = frames else {
+                return None;
+            };
+            let start = self.starts.start_of(needs_fp.lookup as u64)?;
+            let offset = frame_record_offset(code, start)?;
+            let end = stack.start + stack.bytes.len() as u64;
+            let slot = (stack.start..end.saturating_sub(8))
+                .step_by(8)
+                .find(|&at| stack.word(at) == Ok(needs_fp.ip as u64))?;
+            Some(slot + 8 + offset)
         }
 
         #[cfg(target_arch = "x86_64")]
@@ -521,6 +583,18 @@ mod native {
                         .vouch(&code, below.lookup as u64, address.ip as u64)
                     {
                         Ok(Call::Direct) => {}
+                        // The tail-calling function is shown where its frame would be: it
+                        // was called, and its last act was to jump to the frame below.
+                        Ok(Call::TailCall(start)) => {
+                            let start = usize::try_from(start).unwrap_or(usize::MAX);
+                            out.addresses.push(Address {
+                                ip: start,
+                                lookup: start,
+                            });
+                            if out.addresses.len() >= max_frames {
+                                break;
+                            }
+                        }
                         Ok(Call::Indirect) if !takes_the_guess => {}
                         Ok(Call::Indirect) => {
                             out.stopped_early = Some(format!(
@@ -615,18 +689,16 @@ mod native {
         Some((Module::new(path.to_owned(), avma, bias, info), functions))
     }
 
-    /// The addresses on `stack`, innermost first, that look like a frame record: a
-    /// saved frame pointer of 0 or further up the stack, then a return address into code.
+    /// The addresses on `stack`, innermost first, that could hold a frame record: a word,
+    /// then a return address into code.
     fn frame_records<'a>(maps: &'a Maps, stack: &'a StackCopy) -> impl Iterator<Item = u64> + 'a {
         let end = stack.start + stack.bytes.len() as u64;
         (stack.start..end.saturating_sub(8))
             .step_by(8)
             .filter(move |&at| {
-                let (Ok(saved), Ok(ret)) = (stack.word(at), stack.word(at + 8)) else {
-                    return false;
-                };
-                (saved == 0 || (saved > at && saved < end))
-                    && maps.containing(ret).is_some_and(|m| m.executable)
+                stack
+                    .word(at + 8)
+                    .is_ok_and(|ret| maps.containing(ret).is_some_and(|m| m.executable))
             })
     }
 }

@@ -23,6 +23,9 @@ pub(super) enum Call {
     /// A direct call (through a PLT stub or a GOT slot, if so) of the frame below's
     /// function.
     Direct,
+    /// A direct call of the function that starts at this address, whose code ends in a
+    /// jump to the frame below's function: a tail call, which left no frame of its own.
+    TailCall(u64),
     /// An indirect call: its target cannot be checked.
     Indirect,
 }
@@ -58,8 +61,9 @@ impl Functions {
         }
     }
 
-    /// The start of the function whose unwind entry covers `address` (both as mapped).
-    fn start_of(&self, address: u64) -> Option<u64> {
+    /// The start and length of the function whose unwind entry covers `address` (as
+    /// mapped).
+    fn range_of(&self, address: u64) -> Option<(u64, u64)> {
         if !self.code.contains(&address) {
             return None;
         }
@@ -96,7 +100,7 @@ impl Functions {
         let (start, fde) = entry(low.checked_sub(1)?)?;
         let (begin, length) = self.fde_range(fde)?;
         (begin == start && svma >= begin && svma - begin < length)
-            .then(|| begin.wrapping_add(self.bias))
+            .then(|| (begin.wrapping_add(self.bias), length))
     }
 
     /// The address range (start, length) of the FDE at `fde` (a linked address).
@@ -216,14 +220,33 @@ impl Code<'_> {
     }
 }
 
+impl Code<'_> {
+    /// `length` bytes at `address`, all in one executable mapping.
+    fn read_vec(&self, address: u64, length: u64) -> Option<Vec<u8>> {
+        let (range, executable, _) = self.maps.mapping_of(address)?;
+        if !executable || !range.contains(&address.checked_add(length.checked_sub(1)?)?) {
+            return None;
+        }
+        let mut bytes = vec![0; usize::try_from(length).ok()?];
+        self.memory.read_exact_at(&mut bytes, address).ok()?;
+        Some(bytes)
+    }
+}
+
 /// The function tables of the modules read so far.
 #[derive(Default)]
 pub(super) struct Starts(pub(super) Vec<Functions>);
 
 impl Starts {
-    /// The start of the function `address` is in, from its module's unwind tables.
+    /// The start and length of the function `address` is in, from its module's
+    /// unwind tables.
+    fn range_of(&self, address: u64) -> Option<(u64, u64)> {
+        self.0.iter().find_map(|f| f.range_of(address))
+    }
+
+    /// The start of the function `address` is in.
     pub(super) fn start_of(&self, address: u64) -> Option<u64> {
-        self.0.iter().find_map(|f| f.start_of(address))
+        self.range_of(address).map(|(start, _)| start)
     }
 
     /// Vouches that `return_address` follows a call of the function that
@@ -234,7 +257,7 @@ impl Starts {
         callee_address: u64,
         return_address: u64,
     ) -> Result<Call, String> {
-        let start = self.start_of(callee_address).ok_or_else(|| {
+        let (start, _) = self.range_of(callee_address).ok_or_else(|| {
             format!(
                 "no unwind table entry covers {callee_address:#x}, so its caller cannot be checked"
             )
@@ -247,12 +270,98 @@ impl Starts {
             Target::At(target) if target == start => Ok(Call::Direct),
             Target::At(target) => match through_stub(code, target) {
                 Some(resolved) if resolved == start => Ok(Call::Direct),
+                _ if self.jumps_to(code, target, start) => Ok(Call::TailCall(target)),
                 _ => Err(format!(
                     "the call before {return_address:#x} is to {target:#x}, not to the function at {start:#x}"
                 )),
             },
         }
     }
+}
+
+/// How much of a function's code is searched for a tail call.
+const MAX_TAIL_CALL_SEARCH: u64 = 16 * 1024;
+
+impl Starts {
+    /// Whether the function that starts at `caller` jumps to `callee` (directly, or
+    /// through a GOT slot or PLT stub): a tail call. The jump's 4-byte displacement must
+    /// land exactly on `callee`, which bytes that are not a jump match only by chance.
+    #[cfg(target_arch = "x86_64")]
+    fn jumps_to(&self, code: &Code<'_>, caller: u64, callee: u64) -> bool {
+        let Some((start, length)) = self.range_of(caller).filter(|&(start, _)| start == caller)
+        else {
+            return false;
+        };
+        let length = length.min(MAX_TAIL_CALL_SEARCH);
+        let Some(body) = code.read_vec(start, length) else {
+            return false;
+        };
+        body.windows(6).enumerate().any(|(at, w)| {
+            let at = at as u64;
+            let rel = |b: &[u8]| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            match w {
+                [0xe9, rest @ ..] => {
+                    let target = (start + at + 5).wrapping_add_signed(rel(rest));
+                    target == callee
+                        || (!(start..start + length).contains(&target)
+                            && through_stub(code, target) == Some(callee))
+                }
+                [0xff, 0x25, rest @ ..] => {
+                    let slot = (start + at + 6).wrapping_add_signed(rel(rest));
+                    code.read::<8>(slot, false).map(u64::from_le_bytes) == Some(callee)
+                }
+                _ => false,
+            }
+        })
+    }
+
+    /// Tail calls are not searched for on aarch64: a walk stops at one.
+    #[cfg(target_arch = "aarch64")]
+    #[allow(clippy::unused_self)]
+    fn jumps_to(&self, _code: &Code<'_>, _caller: u64, _callee: u64) -> bool {
+        false
+    }
+}
+
+/// How far below its frame record the stack pointer of the function at `start` is once
+/// its prologue has run, when the prologue is the usual one of code with frame pointers
+/// (`push %rbp; mov %rsp,%rbp`, pushes of saved registers, `sub $N,%rsp`): the record of
+/// a frame of it is then known exactly from its stack pointer, not searched for.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn frame_record_offset(code: &Code<'_>, start: u64) -> Option<u64> {
+    let bytes: [u8; 32] = code.read(start, true)?;
+    let mut at = if bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+        4
+    } else {
+        0
+    };
+    if bytes.get(at..at + 4)? != [0x55, 0x48, 0x89, 0xe5] {
+        return None;
+    }
+    at += 4;
+    let mut offset = 0;
+    loop {
+        match bytes.get(at..)? {
+            [0x41, 0x54..=0x57, ..] => at += 2,
+            [0x53, ..] => at += 1,
+            _ => break,
+        }
+        offset += 8;
+    }
+    match bytes.get(at..)? {
+        [0x48, 0x83, 0xec, n, ..] => offset += u64::from(*n),
+        [0x48, 0x81, 0xec, a, b, c, d, ..] => {
+            offset += u64::from(u32::from_le_bytes([*a, *b, *c, *d]));
+        }
+        _ => {}
+    }
+    Some(offset)
+}
+
+/// Not decoded on aarch64: the record is searched for.
+#[cfg(target_arch = "aarch64")]
+pub(super) fn frame_record_offset(_code: &Code<'_>, _start: u64) -> Option<u64> {
+    None
 }
 
 /// What a call instruction calls.
