@@ -645,11 +645,26 @@ mod native {
         let file = std::fs::File::open(path).ok()?;
         let cache = object::read::ReadCache::new(file);
         let elf = object::File::parse(&cache).ok()?;
-        // The load bias: where the first loadable segment is, less where it asks to be.
-        let first_vaddr = elf.segments().map(|s| s.address()).min()? & !0xfff;
-        let first_mapped = mappings.iter().find(|m| m.offset == 0)?.range.start;
-        let bias = first_mapped.checked_sub(first_vaddr)?;
+        // The load bias: where an executable mapping is, less where the segment that
+        // holds its file offset asks to be. (Not from the mapping at offset 0: the file
+        // can be mapped again, read-only, by the symbolizer.)
         let code = mappings.iter().filter(|m| m.executable);
+        let first_code = code.clone().next()?;
+        // The executable segment whose pages the mapping holds (the mapping starts at
+        // a page boundary, which the segment before can share).
+        let bias = elf.segments().find_map(|segment| {
+            let object::SegmentFlags::Elf { p_flags, .. } = segment.flags() else {
+                return None;
+            };
+            let (offset, size) = segment.file_range();
+            let in_pages = (offset & !0xfff..offset + size).contains(&first_code.offset);
+            if p_flags.0 & object::elf::PF_X.0 == 0 || !in_pages {
+                return None;
+            }
+            // The address the mapping's first byte was linked at.
+            let linked = segment.address().checked_sub(offset - first_code.offset)?;
+            first_code.range.start.checked_sub(linked)
+        })?;
         let avma = code.clone().map(|m| m.range.start).min()?..code.map(|m| m.range.end).max()?;
         let range = |name: &str| -> Option<Range<u64>> {
             let s = elf.section_by_name(name)?;
