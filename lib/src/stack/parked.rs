@@ -462,7 +462,7 @@ mod native {
                     stack.word(at + 8).is_ok_and(|ret| {
                         matches!(
                             self.starts.vouch(&code, needs_fp.lookup as u64, ret),
-                            Ok(Call::Direct | Call::TailCall(_))
+                            Ok(Call::Direct | Call::Tail(_))
                         )
                     })
                 })
@@ -585,7 +585,7 @@ mod native {
                         Ok(Call::Direct) => {}
                         // The tail-calling function is shown where its frame would be: it
                         // was called, and its last act was to jump to the frame below.
-                        Ok(Call::TailCall(start)) => {
+                        Ok(Call::Tail(start)) => {
                             let start = usize::try_from(start).unwrap_or(usize::MAX);
                             out.addresses.push(Address {
                                 ip: start,

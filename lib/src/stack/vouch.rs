@@ -25,7 +25,7 @@ pub(super) enum Call {
     Direct,
     /// A direct call of the function that starts at this address, whose code ends in a
     /// jump to the frame below's function: a tail call, which left no frame of its own.
-    TailCall(u64),
+    Tail(u64),
     /// An indirect call: its target cannot be checked.
     Indirect,
 }
@@ -270,7 +270,7 @@ impl Starts {
             Target::At(target) if target == start => Ok(Call::Direct),
             Target::At(target) => match through_stub(code, target) {
                 Some(resolved) if resolved == start => Ok(Call::Direct),
-                _ if self.jumps_to(code, target, start) => Ok(Call::TailCall(target)),
+                _ if self.jumps_to(code, target, start) => Ok(Call::Tail(target)),
                 _ => Err(format!(
                     "the call before {return_address:#x} is to {target:#x}, not to the function at {start:#x}"
                 )),
