@@ -20,6 +20,12 @@ mod robustness;
 mod signal;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod symbols;
+#[cfg(all(
+    feature = "stack-capture",
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+mod vouch;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -478,32 +484,36 @@ const THREAD_ENTRIES: &[&str] = &[
     "__libc_start_call_main",
 ];
 
-/// Whether the outermost of `addresses` is in a function a thread starts in, or just
-/// past the standard library's thread start (libc's `start_thread`, which calls it, is
-/// not in libc's symbol table on most distributions: its frame is then unnamed).
+/// Whether the outermost of `addresses` is in a function a thread starts in, or past
+/// the standard library's thread start with only unnamed frames after it (libc's
+/// `start_thread` and `clone3`, which call it, are not in libc's symbol table on most
+/// distributions: their frames are then unnamed).
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn ends_at_a_thread_entry(addresses: &[parked::Address]) -> bool {
     let outermost: Vec<(usize, usize)> = addresses
         .iter()
         .rev()
-        .take(2)
+        .take(3)
         .map(|a| (a.ip, a.lookup))
         .collect();
     let resolved = symbols::resolve(&outermost, &|_| false);
-    let mut frames = resolved.frames.iter();
-    let is_entry = |name: &str| THREAD_ENTRIES.contains(&name);
-    let is_std_start = |name: &str| name.ends_with("::thread_start");
-    let named = |frames: Option<&Vec<Frame>>, test: &dyn Fn(&str) -> bool| {
-        frames.is_some_and(|frames| {
-            frames
-                .iter()
-                .any(|frame| frame.function.as_deref().is_some_and(test))
-        })
+    let names = |frames: &Vec<Frame>| -> Vec<String> {
+        frames.iter().filter_map(|f| f.function.clone()).collect()
     };
-    let (last, before) = (frames.next(), frames.next());
-    named(last, &is_entry)
-        || (named(before, &is_std_start)
-            && last.is_some_and(|frames| frames.iter().all(|frame| frame.function.is_none())))
+    for frames in &resolved.frames {
+        let names = names(frames);
+        if names
+            .iter()
+            .any(|n| THREAD_ENTRIES.contains(&n.as_str()) || n.ends_with("::thread_start"))
+        {
+            return true;
+        }
+        // An unnamed frame outside the standard library's start: go on inwards.
+        if !names.is_empty() {
+            return false;
+        }
+    }
+    false
 }
 
 /// The capture lock, waited for until `deadline` at most. A capture that panicked

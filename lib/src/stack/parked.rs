@@ -165,7 +165,7 @@ pub(super) struct StackCopy {
     start: u64,
     bytes: Vec<u8>,
     mapping: Range<u64>,
-    memory: File,
+    pub(super) memory: File,
 }
 
 impl StackCopy {
@@ -242,6 +242,14 @@ impl Maps {
             .as_deref()
             .filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))?;
         Some((path, mapping.offset + (address - mapping.range.start)))
+    }
+
+    /// The mapping `address` is in: its range, whether it is executable, whether it
+    /// maps a file.
+    pub(super) fn mapping_of(&self, address: u64) -> Option<(Range<u64>, bool, bool)> {
+        let m = self.containing(address)?;
+        let is_file = m.path.as_deref().is_some_and(|p| p.starts_with('/'));
+        Some((m.range.clone(), m.executable, is_file))
     }
 
     fn containing(&self, address: u64) -> Option<&Mapping> {
@@ -343,6 +351,7 @@ impl Unwinder {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod native {
     use std::ops::Range;
+    use std::sync::Arc;
     use std::time::Instant;
 
     #[cfg(target_arch = "aarch64")]
@@ -357,6 +366,7 @@ mod native {
     use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
     use object::{Object, ObjectSection, ObjectSegment};
 
+    use super::super::vouch::{Call, Code, Functions, Starts, frame_record_offset};
     use super::{Address, Failure, Mapping, Maps, Registers, StackCopy, Unwound, past};
 
     /// How many frame records a capture tries as the frame pointer.
@@ -366,8 +376,9 @@ mod native {
     /// address) those are, with tables or without.
     pub(super) struct Tables {
         read: Vec<(String, u64)>,
-        unwinder: ArchUnwinder<Vec<u8>>,
+        unwinder: ArchUnwinder<Arc<[u8]>>,
         cache: Cache,
+        starts: Starts,
     }
 
     impl Tables {
@@ -376,6 +387,7 @@ mod native {
                 read: Vec::new(),
                 unwinder: ArchUnwinder::new(),
                 cache: Cache::new(),
+                starts: Starts::default(),
             }
         }
 
@@ -393,8 +405,9 @@ mod native {
                     continue;
                 }
                 past(deadline, "reading the unwind tables of the mapped files")?;
-                if let Some(module) = module(path, mappings) {
+                if let Some((module, functions)) = module(path, mappings) {
                     self.unwinder.add_module(module);
+                    self.starts.0.push(functions);
                 }
                 self.read.push(file);
             }
@@ -410,31 +423,99 @@ mod native {
             deadline: Instant,
         ) -> Result<Unwound, Failure> {
             if let Some(fp) = registers.fp {
-                return self.walk(registers, fp, stack, max_frames);
+                return self.walk(maps, registers, fp, stack, max_frames, None);
             }
             // The frame pointer is not in the `syscall` file, and code built with frame
             // pointers (the Rust standard library is) finds its caller's frame through
             // it. Every frame record on the stack (a saved frame pointer that points
             // further up the stack, beside a return address into code) is a candidate
-            // for it: the walk from the first candidate that explains the stack
-            // furthest is taken, and the walk without one when no candidate beats it.
-            let mut best = self.walk(registers, 0, stack, max_frames)?;
-            for fp in frame_records(maps, stack).take(MAX_FRAME_POINTER_CANDIDATES) {
+            // for it, but a record can be stale: left by calls that have returned, in
+            // memory a later frame never wrote. The step that takes a candidate as the
+            // frame pointer must be a direct call of the function below it, the one
+            // kind of step that a stale record cannot pass by chance; each later step
+            // is checked too. Of the candidates, the walk vouched for furthest is taken
+            // (the innermost of equals), and the walk without one when none beats it.
+            let mut best = self.walk(maps, registers, 0, stack, max_frames, None)?;
+            let without = best.addresses.clone();
+            let Some(needs_fp) = without.last().copied() else {
+                return Ok(best);
+            };
+            let code = Code {
+                maps,
+                memory: &stack.memory,
+            };
+            // Where the frame that needs it keeps its record, when its prologue says: its
+            // stack pointer is just above the slot of the return address into it, and
+            // the record a fixed distance above that. No stale record can be there.
+            if let Some(record) = self.exact_record(&code, stack, &without) {
+                let walk = self.walk(maps, registers, record, stack, max_frames, None)?;
+                if walk.addresses.len() > without.len() {
+                    return Ok(walk);
+                }
+            }
+            // The record of the frame that needs the frame pointer holds a return address
+            // after a call of that frame's function: only such records are walked from.
+            // (Its saved frame pointer is not checked: a caller built without frame
+            // pointers saves whatever the register held.)
+            let records: Vec<u64> = frame_records(maps, stack)
+                .filter(|&at| {
+                    stack.word(at + 8).is_ok_and(|ret| {
+                        matches!(
+                            self.starts.vouch(&code, needs_fp.lookup as u64, ret),
+                            Ok(Call::Direct | Call::Tail(_))
+                        )
+                    })
+                })
+                .take(MAX_FRAME_POINTER_CANDIDATES)
+                .collect();
+            for fp in records {
                 if Instant::now() >= deadline {
                     if best.stopped_early.is_some() {
                         best.stopped_early = Some(
-                            "the capture deadline passed while searching for the frame pointer"
+                            "frames above could not be unwound: the capture deadline passed \
+                             while searching for the frame pointer"
                                 .to_owned(),
                         );
                     }
                     break;
                 }
-                let walk = self.walk(registers, fp, stack, max_frames)?;
+                let walk = self.walk(maps, registers, fp, stack, max_frames, Some(&without))?;
                 if walk.addresses.len() > best.addresses.len() {
                     best = walk;
                 }
             }
+            // The walk without a frame pointer ends where one was needed, even when the
+            // unwinder takes its absence for the outermost frame: it says so (the capture
+            // drops the note when that frame is where threads start).
+            if best.addresses.len() == without.len() && best.stopped_early.is_none() {
+                best.stopped_early = Some(format!(
+                    "frames above {:#x} could not be unwound: no frame record on the stack \
+                     could be vouched for as its caller's",
+                    needs_fp.ip
+                ));
+            }
             Ok(best)
+        }
+
+        /// The address of the frame record of the outermost of `frames` (found without
+        /// a frame pointer), from its function's prologue and the return address into
+        /// it on the stack.
+        fn exact_record(
+            &self,
+            code: &Code<'_>,
+            stack: &StackCopy,
+            frames: &[Address],
+        ) -> Option<u64> {
+            let [.., _, needs_fp] = frames else {
+                return None;
+            };
+            let start = self.starts.start_of(needs_fp.lookup as u64)?;
+            let offset = frame_record_offset(code, start)?;
+            let end = stack.start + stack.bytes.len() as u64;
+            let slot = (stack.start..end.saturating_sub(8))
+                .step_by(8)
+                .find(|&at| stack.word(at) == Ok(needs_fp.ip as u64))?;
+            Some(slot + 8 + offset)
         }
 
         #[cfg(target_arch = "x86_64")]
@@ -453,26 +534,32 @@ mod native {
             Ok(Regs::new_with_ptr_auth_mask(mask, lr, registers.sp, fp))
         }
 
-        /// One walk from `registers`, with `fp` as the frame pointer.
+        /// One walk from `registers`, with `fp` as the frame pointer, each step vouched
+        /// for before its frame is kept. With `guessed_past`, `fp` is a guess: the first
+        /// step where this walk leaves those frames (the walk without a frame pointer)
+        /// is the one that took the guess, and must be a direct call.
         fn walk(
             &mut self,
+            maps: &Maps,
             registers: &Registers,
             fp: u64,
             stack: &StackCopy,
             max_frames: usize,
+            guessed_past: Option<&[Address]>,
         ) -> Result<Unwound, Failure> {
             let regs = self.regs(registers, fp)?;
             let mut read = |address| stack.word(address);
             let mut frames =
                 self.unwinder
                     .iter_frames(registers.pc, regs, &mut self.cache, &mut read);
+            let code = Code {
+                maps,
+                memory: &stack.memory,
+            };
             let mut out = Unwound::default();
             while out.addresses.len() < max_frames {
-                match frames.next() {
-                    Ok(Some(frame)) => out.addresses.push(Address {
-                        ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
-                        lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
-                    }),
+                let frame = match frames.next() {
+                    Ok(Some(frame)) => frame,
                     // The outermost frame, or one whose caller is marked as none.
                     Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break,
                     // An error ends the walk where it is: the frames so far are still true.
@@ -480,7 +567,54 @@ mod native {
                         out.stopped_early = Some(describe(error, out.addresses.last()));
                         break;
                     }
+                };
+                let address = Address {
+                    ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
+                    lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
+                };
+                if let Some(below) = out.addresses.last() {
+                    let index = out.addresses.len();
+                    let takes_the_guess = guessed_past.is_some_and(|without| {
+                        without[..index.min(without.len())] == out.addresses[..]
+                            && without.get(index) != Some(&address)
+                    });
+                    match self
+                        .starts
+                        .vouch(&code, below.lookup as u64, address.ip as u64)
+                    {
+                        Ok(Call::Direct) => {}
+                        // The tail-calling function is shown where its frame would be: it
+                        // was called, and its last act was to jump to the frame below.
+                        Ok(Call::Tail(start)) => {
+                            let start = usize::try_from(start).unwrap_or(usize::MAX);
+                            out.addresses.push(Address {
+                                ip: start,
+                                lookup: start,
+                            });
+                            if out.addresses.len() >= max_frames {
+                                break;
+                            }
+                        }
+                        Ok(Call::Indirect) if !takes_the_guess => {}
+                        Ok(Call::Indirect) => {
+                            out.stopped_early = Some(format!(
+                                "frames above {:#x} could not be unwound: its caller was found \
+                                 from a frame record on the stack, and the call before {:#x} \
+                                 is indirect, so the record cannot be told from a stale one",
+                                below.ip, address.ip
+                            ));
+                            break;
+                        }
+                        Err(why) => {
+                            out.stopped_early = Some(format!(
+                                "frames above {:#x} could not be unwound: {why}",
+                                below.ip
+                            ));
+                            break;
+                        }
+                    }
                 }
+                out.addresses.push(address);
             }
             Ok(out)
         }
@@ -507,24 +641,50 @@ mod native {
 
     /// The unwind tables of one mapped file: where its code is in this process, and its
     /// `.eh_frame`, read from the file. None when it has none or cannot be read.
-    fn module(path: &str, mappings: &[&Mapping]) -> Option<Module<Vec<u8>>> {
+    fn module(path: &str, mappings: &[&Mapping]) -> Option<(Module<Arc<[u8]>>, Functions)> {
         let file = std::fs::File::open(path).ok()?;
         let cache = object::read::ReadCache::new(file);
         let elf = object::File::parse(&cache).ok()?;
-        // The load bias: where the first loadable segment is, less where it asks to be.
-        let first_vaddr = elf.segments().map(|s| s.address()).min()? & !0xfff;
-        let first_mapped = mappings.iter().find(|m| m.offset == 0)?.range.start;
-        let bias = first_mapped.checked_sub(first_vaddr)?;
+        // The load bias: where an executable mapping is, less where the segment that
+        // holds its file offset asks to be. (Not from the mapping at offset 0: the file
+        // can be mapped again, read-only, by the symbolizer.)
         let code = mappings.iter().filter(|m| m.executable);
+        let first_code = code.clone().next()?;
+        // The executable segment whose pages the mapping holds (the mapping starts at
+        // a page boundary, which the segment before can share).
+        let bias = elf.segments().find_map(|segment| {
+            let object::SegmentFlags::Elf { p_flags, .. } = segment.flags() else {
+                return None;
+            };
+            let (offset, size) = segment.file_range();
+            let in_pages = (offset & !0xfff..offset + size).contains(&first_code.offset);
+            if p_flags.0 & object::elf::PF_X.0 == 0 || !in_pages {
+                return None;
+            }
+            // The address the mapping's first byte was linked at.
+            let linked = segment.address().checked_sub(offset - first_code.offset)?;
+            first_code.range.start.checked_sub(linked)
+        })?;
         let avma = code.clone().map(|m| m.range.start).min()?..code.map(|m| m.range.end).max()?;
         let range = |name: &str| -> Option<Range<u64>> {
             let s = elf.section_by_name(name)?;
             Some(s.address()..s.address() + s.size())
         };
-        let data = |name: &str| -> Option<Vec<u8>> {
-            Some(elf.section_by_name(name)?.data().ok()?.to_vec())
+        let data = |name: &str| -> Option<Arc<[u8]>> {
+            Some(Arc::from(elf.section_by_name(name)?.data().ok()?))
         };
         let eh_frame = data(".eh_frame")?;
+        let eh_frame_hdr = data(".eh_frame_hdr");
+        // Where functions start, for vouching for calls: without a sorted table none
+        // can be, and a walk through the module stops at its first frame there.
+        let functions = Functions::new(
+            avma.clone(),
+            bias,
+            range(".eh_frame_hdr").map_or(0, |r| r.start),
+            eh_frame_hdr.clone().unwrap_or_else(|| Arc::from(&[][..])),
+            range(".eh_frame").map_or(0, |r| r.start),
+            eh_frame.clone(),
+        );
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: range(".text"),
@@ -536,26 +696,24 @@ mod native {
             eh_frame_svma: range(".eh_frame"),
             eh_frame: Some(eh_frame),
             eh_frame_hdr_svma: range(".eh_frame_hdr"),
-            eh_frame_hdr: data(".eh_frame_hdr"),
+            eh_frame_hdr,
             debug_frame: None,
             text_segment_svma: None,
             text_segment: None,
         };
-        Some(Module::new(path.to_owned(), avma, bias, info))
+        Some((Module::new(path.to_owned(), avma, bias, info), functions))
     }
 
-    /// The addresses on `stack`, innermost first, that look like a frame record: a
-    /// saved frame pointer of 0 or further up the stack, then a return address into code.
+    /// The addresses on `stack`, innermost first, that could hold a frame record: a word,
+    /// then a return address into code.
     fn frame_records<'a>(maps: &'a Maps, stack: &'a StackCopy) -> impl Iterator<Item = u64> + 'a {
         let end = stack.start + stack.bytes.len() as u64;
         (stack.start..end.saturating_sub(8))
             .step_by(8)
             .filter(move |&at| {
-                let (Ok(saved), Ok(ret)) = (stack.word(at), stack.word(at + 8)) else {
-                    return false;
-                };
-                (saved == 0 || (saved > at && saved < end))
-                    && maps.containing(ret).is_some_and(|m| m.executable)
+                stack
+                    .word(at + 8)
+                    .is_ok_and(|ret| maps.containing(ret).is_some_and(|m| m.executable))
             })
     }
 }

@@ -1,0 +1,522 @@
+//! Vouches for each step of an unwind before it is shown: the return address must follow
+//! a call instruction, and a direct call must call the function of the frame below.
+//!
+//! A stack searched for frame records can hold records that are stale (left by calls
+//! that have returned, in memory a later frame never wrote): a walk through them is a
+//! plausible chain of functions that are not on the call chain. The crash-report
+//! scanners' checks tell them apart: a return address is the address after a call, and
+//! when the call is direct its target is where the callee starts. The callee's start is
+//! taken from its unwind table entry (`.eh_frame_hdr`'s sorted table and the FDE's
+//! range), which every module the unwinder can step through has, stripped or not; a
+//! symbol table would be missing from a stripped binary. Code is read through
+//! `/proc/self/mem` and only inside executable mappings, so odd addresses fail cleanly.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use super::parked::Maps;
+
+/// How a step was vouched for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Call {
+    /// A direct call (through a PLT stub or a GOT slot, if so) of the frame below's
+    /// function.
+    Direct,
+    /// A direct call of the function that starts at this address, whose code ends in a
+    /// jump to the frame below's function: a tail call, which left no frame of its own.
+    Tail(u64),
+    /// An indirect call: its target cannot be checked.
+    Indirect,
+}
+
+/// Where functions start and end in one mapped module, from its unwind tables.
+pub(super) struct Functions {
+    /// Where the module's code is mapped.
+    code: std::ops::Range<u64>,
+    /// The module's load bias (mapped address less the address it was linked at).
+    bias: u64,
+    hdr_svma: u64,
+    hdr: Arc<[u8]>,
+    eh_frame_svma: u64,
+    eh_frame: Arc<[u8]>,
+}
+
+impl Functions {
+    pub(super) fn new(
+        code: std::ops::Range<u64>,
+        bias: u64,
+        hdr_svma: u64,
+        hdr: Arc<[u8]>,
+        eh_frame_svma: u64,
+        eh_frame: Arc<[u8]>,
+    ) -> Self {
+        Self {
+            code,
+            bias,
+            hdr_svma,
+            hdr,
+            eh_frame_svma,
+            eh_frame,
+        }
+    }
+
+    /// The start and length of the function whose unwind entry covers `address` (as
+    /// mapped).
+    fn range_of(&self, address: u64) -> Option<(u64, u64)> {
+        if !self.code.contains(&address) {
+            return None;
+        }
+        let svma = address.checked_sub(self.bias)?;
+        let hdr = &*self.hdr;
+        let (&[version, frame_ptr_enc, count_enc, table_enc], rest) = hdr.split_first_chunk()?;
+        // The sorted table is in the form every linker writes: a count of 4 bytes, then
+        // pairs of 4-byte offsets from the header's start.
+        if version != 1 || count_enc != 0x03 || table_enc != 0x3b {
+            return None;
+        }
+        let rest = rest.get(pointer_size(frame_ptr_enc)?..)?;
+        let count = usize::try_from(u32::from_le_bytes(*rest.first_chunk()?)).ok()?;
+        let table = rest.get(4..4 + count.checked_mul(8)?)?;
+        let entry = |i: usize| -> Option<(u64, u64)> {
+            let at = table.get(i * 8..i * 8 + 8)?;
+            let start = i32::from_le_bytes(at[..4].try_into().ok()?);
+            let fde = i32::from_le_bytes(at[4..].try_into().ok()?);
+            Some((
+                self.hdr_svma.wrapping_add_signed(i64::from(start)),
+                self.hdr_svma.wrapping_add_signed(i64::from(fde)),
+            ))
+        };
+        // The last entry that starts at or before the address.
+        let (mut low, mut high) = (0, count);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if entry(mid)?.0 <= svma {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        let (start, fde) = entry(low.checked_sub(1)?)?;
+        let (begin, length) = self.fde_range(fde)?;
+        (begin == start && svma >= begin && svma - begin < length)
+            .then(|| (begin.wrapping_add(self.bias), length))
+    }
+
+    /// The address range (start, length) of the FDE at `fde` (a linked address).
+    fn fde_range(&self, fde: u64) -> Option<(u64, u64)> {
+        let data = &*self.eh_frame;
+        let at = usize::try_from(fde.checked_sub(self.eh_frame_svma)?).ok()?;
+        let length = u32::from_le_bytes(*data.get(at..)?.first_chunk()?);
+        if length == 0xffff_ffff {
+            return None;
+        }
+        let cie_pointer = u32::from_le_bytes(*data.get(at + 4..)?.first_chunk()?);
+        let cie = (at + 4).checked_sub(usize::try_from(cie_pointer).ok()?)?;
+        let encoding = fde_encoding(data.get(cie..)?)?;
+        let field = at + 8;
+        let (begin, size) = read_encoded(data.get(field..)?, encoding)?;
+        let begin = match encoding & 0x70 {
+            0x00 => begin,
+            // pc-relative: to where the field itself is linked.
+            0x10 => begin.wrapping_add(self.eh_frame_svma + field as u64),
+            _ => return None,
+        };
+        let (length, _) = read_encoded(data.get(field + size..)?, encoding & 0x0f)?;
+        Some((begin, length))
+    }
+}
+
+/// The size of a pointer of DWARF encoding `encoding`, when fixed.
+fn pointer_size(encoding: u8) -> Option<usize> {
+    match encoding & 0x0f {
+        0x00 | 0x04 | 0x0c => Some(8),
+        0x03 | 0x0b => Some(4),
+        0x02 | 0x0a => Some(2),
+        _ => None,
+    }
+}
+
+/// A value of DWARF pointer encoding `encoding` (its format; the caller applies the
+/// base) and its size.
+fn read_encoded(data: &[u8], encoding: u8) -> Option<(u64, usize)> {
+    let size = pointer_size(encoding)?;
+    let bytes = data.get(..size)?;
+    let value = match encoding & 0x0f {
+        0x00 | 0x04 | 0x0c => u64::from_le_bytes(bytes.try_into().ok()?),
+        0x03 => u64::from(u32::from_le_bytes(bytes.try_into().ok()?)),
+        0x0b => i64::from(i32::from_le_bytes(bytes.try_into().ok()?)) as u64,
+        0x02 => u64::from(u16::from_le_bytes(bytes.try_into().ok()?)),
+        0x0a => i64::from(i16::from_le_bytes(bytes.try_into().ok()?)) as u64,
+        _ => return None,
+    };
+    Some((value, size))
+}
+
+/// The pointer encoding of the FDEs of the CIE at the start of `cie`: its augmentation's
+/// `R`, absolute 8-byte pointers without one.
+fn fde_encoding(cie: &[u8]) -> Option<u8> {
+    let mut at = 8; // length, CIE id
+    let version = *cie.get(at)?;
+    at += 1;
+    let augmentation_len = cie.get(at..)?.iter().position(|&b| b == 0)?;
+    let augmentation = cie.get(at..at + augmentation_len)?;
+    at += augmentation_len + 1;
+    if augmentation.first() != Some(&b'z') {
+        return Some(0x00);
+    }
+    at = skip_leb128(cie, at)?; // code alignment
+    at = skip_leb128(cie, at)?; // data alignment
+    at = if version == 1 {
+        at + 1
+    } else {
+        skip_leb128(cie, at)?
+    }; // return address register
+    at = skip_leb128(cie, at)?; // augmentation data length
+    for &letter in &augmentation[1..] {
+        match letter {
+            b'R' => return cie.get(at).copied(),
+            b'L' => at += 1,
+            b'P' => {
+                let encoding = *cie.get(at)?;
+                at += 1 + pointer_size(encoding)?;
+            }
+            b'S' | b'B' => {}
+            _ => return None,
+        }
+    }
+    Some(0x00)
+}
+
+fn skip_leb128(data: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        let byte = *data.get(at)?;
+        at += 1;
+        if byte & 0x80 == 0 {
+            return Some(at);
+        }
+    }
+}
+
+/// Reads code and GOT slots of this process through `/proc/self/mem`.
+pub(super) struct Code<'a> {
+    pub(super) maps: &'a Maps,
+    pub(super) memory: &'a File,
+}
+
+impl Code<'_> {
+    /// The bytes at `address`, when they all lie in one mapping that is executable (or,
+    /// with `executable` false, in one mapping of a file).
+    fn read<const N: usize>(&self, address: u64, executable: bool) -> Option<[u8; N]> {
+        let last = address.checked_add(N as u64 - 1)?;
+        let (range, is_executable, is_file) = self.maps.mapping_of(address)?;
+        let fits = range.contains(&last) && if executable { is_executable } else { is_file };
+        if !fits {
+            return None;
+        }
+        let mut bytes = [0; N];
+        self.memory.read_exact_at(&mut bytes, address).ok()?;
+        Some(bytes)
+    }
+}
+
+impl Code<'_> {
+    /// `length` bytes at `address`, all in one executable mapping.
+    fn read_vec(&self, address: u64, length: u64) -> Option<Vec<u8>> {
+        let (range, executable, _) = self.maps.mapping_of(address)?;
+        if !executable || !range.contains(&address.checked_add(length.checked_sub(1)?)?) {
+            return None;
+        }
+        let mut bytes = vec![0; usize::try_from(length).ok()?];
+        self.memory.read_exact_at(&mut bytes, address).ok()?;
+        Some(bytes)
+    }
+}
+
+/// The function tables of the modules read so far.
+#[derive(Default)]
+pub(super) struct Starts(pub(super) Vec<Functions>);
+
+impl Starts {
+    /// The start and length of the function `address` is in, from its module's
+    /// unwind tables.
+    fn range_of(&self, address: u64) -> Option<(u64, u64)> {
+        self.0.iter().find_map(|f| f.range_of(address))
+    }
+
+    /// The start of the function `address` is in.
+    pub(super) fn start_of(&self, address: u64) -> Option<u64> {
+        self.range_of(address).map(|(start, _)| start)
+    }
+
+    /// Vouches that `return_address` follows a call of the function that
+    /// `callee_address` (an address inside the frame below) is in: how, or why not.
+    pub(super) fn vouch(
+        &self,
+        code: &Code<'_>,
+        callee_address: u64,
+        return_address: u64,
+    ) -> Result<Call, String> {
+        let (start, _) = self.range_of(callee_address).ok_or_else(|| {
+            format!(
+                "no unwind table entry covers {callee_address:#x}, so its caller cannot be checked"
+            )
+        })?;
+        let found = call_before(code, return_address).ok_or_else(|| {
+            format!("the return address {return_address:#x} does not follow a call instruction")
+        })?;
+        match found {
+            Target::Unknown => Ok(Call::Indirect),
+            Target::At(target) if target == start => Ok(Call::Direct),
+            Target::At(target) => match through_stub(code, target) {
+                Some(resolved) if resolved == start => Ok(Call::Direct),
+                _ if self.jumps_to(code, target, start) => Ok(Call::Tail(target)),
+                _ => Err(format!(
+                    "the call before {return_address:#x} is to {target:#x}, not to the function at {start:#x}"
+                )),
+            },
+        }
+    }
+}
+
+/// How much of a function's code is searched for a tail call.
+const MAX_TAIL_CALL_SEARCH: u64 = 16 * 1024;
+
+impl Starts {
+    /// Whether the function that starts at `caller` jumps to `callee` (directly, or
+    /// through a GOT slot or PLT stub): a tail call. The jump's 4-byte displacement must
+    /// land exactly on `callee`, which bytes that are not a jump match only by chance.
+    #[cfg(target_arch = "x86_64")]
+    fn jumps_to(&self, code: &Code<'_>, caller: u64, callee: u64) -> bool {
+        let Some((start, length)) = self.range_of(caller).filter(|&(start, _)| start == caller)
+        else {
+            return false;
+        };
+        let length = length.min(MAX_TAIL_CALL_SEARCH);
+        let Some(body) = code.read_vec(start, length) else {
+            return false;
+        };
+        body.windows(6).enumerate().any(|(at, w)| {
+            let at = at as u64;
+            let rel = |b: &[u8]| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            match w {
+                [0xe9, rest @ ..] => {
+                    let target = (start + at + 5).wrapping_add_signed(rel(rest));
+                    target == callee
+                        || (!(start..start + length).contains(&target)
+                            && through_stub(code, target) == Some(callee))
+                }
+                [0xff, 0x25, rest @ ..] => {
+                    let slot = (start + at + 6).wrapping_add_signed(rel(rest));
+                    code.read::<8>(slot, false).map(u64::from_le_bytes) == Some(callee)
+                }
+                _ => false,
+            }
+        })
+    }
+
+    /// Tail calls are not searched for on aarch64: a walk stops at one.
+    #[cfg(target_arch = "aarch64")]
+    #[allow(clippy::unused_self)]
+    fn jumps_to(&self, _code: &Code<'_>, _caller: u64, _callee: u64) -> bool {
+        false
+    }
+}
+
+/// How far below its frame record the stack pointer of the function at `start` is once
+/// its prologue has run, when the prologue is the usual one of code with frame pointers
+/// (`push %rbp; mov %rsp,%rbp`, pushes of saved registers, `sub $N,%rsp`): the record of
+/// a frame of it is then known exactly from its stack pointer, not searched for.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn frame_record_offset(code: &Code<'_>, start: u64) -> Option<u64> {
+    let bytes: [u8; 32] = code.read(start, true)?;
+    let mut at = if bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+        4
+    } else {
+        0
+    };
+    if bytes.get(at..at + 4)? != [0x55, 0x48, 0x89, 0xe5] {
+        return None;
+    }
+    at += 4;
+    let mut offset = 0;
+    loop {
+        match bytes.get(at..)? {
+            [0x41, 0x54..=0x57, ..] => at += 2,
+            [0x53, ..] => at += 1,
+            _ => break,
+        }
+        offset += 8;
+    }
+    match bytes.get(at..)? {
+        [0x48, 0x83, 0xec, n, ..] => offset += u64::from(*n),
+        [0x48, 0x81, 0xec, a, b, c, d, ..] => {
+            offset += u64::from(u32::from_le_bytes([*a, *b, *c, *d]));
+        }
+        _ => {}
+    }
+    Some(offset)
+}
+
+/// Not decoded on aarch64: the record is searched for.
+#[cfg(target_arch = "aarch64")]
+pub(super) fn frame_record_offset(_code: &Code<'_>, _start: u64) -> Option<u64> {
+    None
+}
+
+/// What a call instruction calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    At(u64),
+    Unknown,
+}
+
+/// The call instruction that ends just before `return_address`, if one does.
+#[cfg(target_arch = "x86_64")]
+fn call_before(code: &Code<'_>, return_address: u64) -> Option<Target> {
+    let start = return_address.checked_sub(8)?;
+    let bytes: [u8; 8] = code.read(start, true)?;
+    // `E8 rel32`: relative to the return address.
+    if bytes[3] == 0xe8 {
+        let rel = i32::from_le_bytes(bytes[4..8].try_into().ok()?);
+        // Read as direct even when the bytes could also end an indirect call: a target
+        // that does not check out stops the walk, which is never false.
+        return Some(Target::At(
+            return_address.wrapping_add_signed(i64::from(rel)),
+        ));
+    }
+    // `FF 15 disp32`: through a GOT slot (code built without a PLT): the slot says.
+    if bytes[2] == 0xff && bytes[3] == 0x15 {
+        let disp = i32::from_le_bytes(bytes[4..8].try_into().ok()?);
+        let slot = return_address.wrapping_add_signed(i64::from(disp));
+        return match code.read::<8>(slot, false) {
+            Some(word) => Some(Target::At(u64::from_le_bytes(word))),
+            None => Some(Target::Unknown),
+        };
+    }
+    indirect_call_ends_at(&bytes).then_some(Target::Unknown)
+}
+
+/// Whether `bytes` end with an `FF /2` call (an optional REX prefix, the opcode, its
+/// ModRM byte with reg 2, a SIB byte and displacement as ModRM asks).
+#[cfg(target_arch = "x86_64")]
+fn indirect_call_ends_at(bytes: &[u8; 8]) -> bool {
+    (2..=7).any(|length| {
+        let at = 8 - length;
+        if bytes[at] != 0xff {
+            return false;
+        }
+        let modrm = bytes[at + 1];
+        if (modrm >> 3) & 7 != 2 {
+            return false;
+        }
+        let (mode, rm) = (modrm >> 6, modrm & 7);
+        let sib = usize::from(mode != 3 && rm == 4);
+        let displacement = match mode {
+            0 if rm == 5 => 4,
+            0 if sib == 1 && bytes.get(at + 2).is_some_and(|s| s & 7 == 5) => 4,
+            1 => 1,
+            2 => 4,
+            _ => 0,
+        };
+        2 + sib + displacement == length
+    })
+}
+
+/// Where a PLT stub at `target` jumps: the function its GOT slot holds.
+#[cfg(target_arch = "x86_64")]
+fn through_stub(code: &Code<'_>, target: u64) -> Option<u64> {
+    let bytes: [u8; 16] = code.read(target, true)?;
+    // `jmp *disp32(%rip)`, after `endbr64` and a `bnd` prefix when the stub has them.
+    let after = match bytes {
+        [0xff, 0x25, ..] => 2,
+        [0xf3, 0x0f, 0x1e, 0xfa, 0xff, 0x25, ..] => 6,
+        [0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, ..] => 7,
+        _ => return None,
+    };
+    let disp = i32::from_le_bytes(bytes[after..after + 4].try_into().ok()?);
+    let next = target + after as u64 + 4;
+    let slot = next.wrapping_add_signed(i64::from(disp));
+    code.read::<8>(slot, false).map(u64::from_le_bytes)
+}
+
+/// The call instruction that ends just before `return_address`, if one does.
+#[cfg(target_arch = "aarch64")]
+fn call_before(code: &Code<'_>, return_address: u64) -> Option<Target> {
+    let insn = u32::from_le_bytes(code.read::<4>(return_address.checked_sub(4)?, true)?);
+    if insn & 0xfc00_0000 == 0x9400_0000 {
+        // BL imm26: words from the call itself.
+        let offset = (i64::from((insn << 6) as i32) >> 6) * 4;
+        return Some(Target::At((return_address - 4).wrapping_add_signed(offset)));
+    }
+    // BLR Xn, and the pointer-authenticating BLRAA/BLRAB/BLRAAZ/BLRABZ.
+    let blr = insn & 0xffff_fc1f == 0xd63f_0000;
+    let blra = insn & 0xfeff_f800 == 0xd63f_0800;
+    (blr || blra).then_some(Target::Unknown)
+}
+
+/// Where a PLT stub at `target` jumps: `adrp x16, page; ldr x17, [x16, offset]`
+/// (after a `bti c` when the stub has one), then the function its GOT slot holds.
+#[cfg(target_arch = "aarch64")]
+fn through_stub(code: &Code<'_>, target: u64) -> Option<u64> {
+    let bytes: [u8; 12] = code.read(target, true)?;
+    let word = |i: usize| u32::from_le_bytes(bytes[i * 4..i * 4 + 4].try_into().unwrap());
+    let (first, at) = if word(0) == 0xd503_245f {
+        (1, target + 4)
+    } else {
+        (0, target)
+    };
+    let (adrp, ldr) = (word(first), word(first + 1));
+    if adrp & 0x9f00_001f != 0x9000_0010 || ldr & 0xffc0_03ff != 0xf940_0211 {
+        return None;
+    }
+    let immhi = u64::from((adrp >> 5) & 0x7_ffff);
+    let immlo = u64::from((adrp >> 29) & 3);
+    let page_offset = (((immhi << 2 | immlo) << 43) as i64 >> 43) << 12;
+    let page = (at & !0xfff).wrapping_add_signed(page_offset);
+    let slot = page + u64::from((ldr >> 10) & 0xfff) * 8;
+    code.read::<8>(slot, false).map(u64::from_le_bytes)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    fn ends_with_call(tail: &[u8]) -> bool {
+        let mut bytes = [0x90; 8];
+        bytes[8 - tail.len()..].copy_from_slice(tail);
+        indirect_call_ends_at(&bytes)
+    }
+
+    #[test]
+    fn indirect_calls_of_every_length_are_recognised() {
+        assert!(ends_with_call(&[0xff, 0xd0]), "call *%rax");
+        assert!(ends_with_call(&[0x41, 0xff, 0xd3]), "call *%r11");
+        assert!(ends_with_call(&[0xff, 0x10]), "call *(%rax)");
+        assert!(ends_with_call(&[0xff, 0x50, 0x18]), "call *0x18(%rax)");
+        assert!(ends_with_call(&[0xff, 0x14, 0x24]), "call *(%rsp)");
+        assert!(
+            ends_with_call(&[0xff, 0x90, 0, 1, 0, 0]),
+            "call *0x100(%rax)"
+        );
+        assert!(
+            ends_with_call(&[0xff, 0x94, 0xc8, 0, 1, 0, 0]),
+            "call *0x100(%rax,%rcx,8)"
+        );
+        assert!(!ends_with_call(&[0xff, 0xe0]), "jmp *%rax is no call");
+        assert!(!ends_with_call(&[0x48, 0x89, 0xc7]), "mov %rax,%rdi");
+        assert!(!ends_with_call(&[0xff, 0x50]), "a call cut short");
+    }
+
+    #[test]
+    fn fde_encodings_are_read_from_the_cie() {
+        // length, id 0, version 1, "zR", code align 1, data align -8, ra 16, aug len 1,
+        // R = pcrel sdata4.
+        let cie = [
+            0x14, 0, 0, 0, 0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b,
+        ];
+        assert_eq!(fde_encoding(&cie), Some(0x1b));
+        let plain = [0x10, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0x78, 16];
+        assert_eq!(fde_encoding(&plain), Some(0x00));
+    }
+}
