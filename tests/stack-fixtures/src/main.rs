@@ -2,7 +2,9 @@
 //! stack the library captures of the blocked worker, printed one frame a line
 //! (`frame<TAB>function<TAB>file<TAB>line`, then `stopped_early<TAB>why` if it did):
 //! `stack-fixtures CASE`, where CASE is `sleep`, `mutex`, `condvar`, `socket`, `pipe`,
-//! `command` or `stale`.
+//! `command` or `stale`. It first prints `frame_pointers<TAB>yes` or `no`: whether its
+//! own functions were built keeping them (x86_64: whether a blocking function's code
+//! starts with `push %rbp; mov %rsp,%rbp`).
 
 use std::hint::black_box;
 use std::io::Read;
@@ -149,8 +151,24 @@ async fn reconcile(case: String, ends: std::sync::mpsc::Sender<Ends>) -> Result<
     Ok(())
 }
 
+/// Whether the function at `code` starts by saving and setting the frame pointer.
+fn keeps_frame_pointers(code: usize) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = [0; 8];
+    let memory = std::fs::File::open("/proc/self/mem").expect("/proc/self/mem");
+    memory
+        .read_exact_at(&mut bytes, code as u64)
+        .expect("its own code");
+    let bytes = bytes
+        .strip_prefix(&[0xf3, 0x0f, 0x1e, 0xfa])
+        .unwrap_or(&bytes);
+    bytes.starts_with(&[0x55, 0x48, 0x89, 0xe5])
+}
+
 fn main() {
     let case = std::env::args().nth(1).expect("a case");
+    let keeps = keeps_frame_pointers(blocking_in_mutex as fn() as usize);
+    println!("frame_pointers\t{}", if keeps { "yes" } else { "no" });
     let _held = HELD.lock().unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
