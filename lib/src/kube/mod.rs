@@ -14,6 +14,10 @@
 //! - under [`leader`] election, reconciles only while the lease is held
 //!   ([`Controllers::only_while`]).
 //!
+//! The same source builds on kube 5, 4 or 3 (features `kube-5`, also named `kube`,
+//! `kube-4` and `kube-3`), with that major's k8s-openapi; an operator on an older kube
+//! wires the core by hand (`docs/embedding.md`, "Without the kube feature").
+//!
 //! [`guarded`] (in `reconciler`) is the primitive under it, for an operator that runs its own
 //! `Controller::run` pipeline. `docs/embedding.md` shows both ways, with a shutdown on
 //! SIGTERM supervised from a plain thread ([`crate::shutdown`]); its examples compile as
