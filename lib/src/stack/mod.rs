@@ -161,6 +161,22 @@ pub enum Error {
     Empty,
 }
 
+impl Error {
+    /// Whether a capture that failed this way may succeed if tried again later: another
+    /// capture held the lock, the deadline passed, the thread kept waking, did not run
+    /// the handler in time or left it early.
+    pub(crate) fn may_pass(&self) -> bool {
+        matches!(
+            self,
+            Self::Busy
+                | Self::Deadline { .. }
+                | Self::LeftHandler { .. }
+                | Self::KeptMoving { .. }
+                | Self::Timeout { .. }
+        )
+    }
+}
+
 /// One frame of a captured stack: an instruction pointer and what it resolved to.
 /// A call inlined into its caller shares its caller's pointer and appears as a frame
 /// of its own, innermost first.
