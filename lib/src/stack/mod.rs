@@ -341,17 +341,20 @@ pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
 }
 
 /// Makes `signal` the signal that captures of running threads send (by default
-/// `SIGURG`, whose default action is to be ignored). Call it before the watchdog
-/// starts: the first capture installs the handler for the signal in use, and the choice
-/// is fixed from then on. A signal the application ignores or handles itself is left
+/// `SIGURG`, whose default action is to be ignored), and installs its handler now. Call
+/// it before the watchdog starts: the first capture installs the handler for the default
+/// signal otherwise, and the choice is fixed from then on (a choice and a first capture
+/// at once cannot disagree). Only `SIGURG`, `SIGUSR1`, `SIGUSR2` and the real-time
+/// signals can be chosen. A signal the application ignores or handles itself is left
 /// alone; running threads are then not captured. A real-time signal
 /// (`libc::SIGRTMIN() + n`) that nothing else uses is a good choice; its default action
 /// terminates the process, which only matters should something reset its handler.
 ///
 /// # Errors
 ///
-/// [`Error::SignalUnusable`] for a signal that does not exist, cannot be caught or
-/// reports faults, or once a capture has installed the handler for another signal;
+/// [`Error::SignalUnusable`] for a signal that is not one of those, or once the handler
+/// is installed for another signal; [`Error::SignalTaken`] when the application ignores
+/// or handles it; [`Error::Install`] when the handler cannot be installed;
 /// [`Error::Unsupported`] where stacks are not captured.
 pub fn set_capture_signal(signal: i32) -> Result<(), Error> {
     #[cfg(all(feature = "stack-capture", target_os = "linux"))]
