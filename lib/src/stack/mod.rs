@@ -593,10 +593,12 @@ fn look_at(tid: u32) -> Result<parked::Whereabouts, Error> {
 }
 
 /// A `syscall` file that is missing is only "no such thread" when the thread's
-/// directory is missing too (a kernel without that file has the directory).
+/// directory is missing too (a kernel without that file has the directory) and this
+/// process's is there (without `/proc`, nothing is known of the thread).
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn whereabouts_error(tid: u32, source: std::io::Error) -> Error {
     if source.kind() == std::io::ErrorKind::NotFound
+        && std::path::Path::new("/proc/self/task").exists()
         && !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
     {
         return Error::NoSuchThread { tid, source };

@@ -76,6 +76,8 @@ enum Owner {
     Ignored,
     Handler,
     Default,
+    /// Querying its disposition failed: not known to be ours.
+    Unknown,
 }
 
 impl Owner {
@@ -84,6 +86,7 @@ impl Owner {
             Self::Ignored => "ignored by the application (SIG_IGN)",
             Self::Handler => "handled by the application's own handler",
             Self::Default => "reset to its default action since it was installed",
+            Self::Unknown => "of a disposition that could not be read (sigaction failed)",
         }
     }
 }
@@ -181,9 +184,17 @@ impl Armed {
         // process) fails with ESRCH instead of reaching another process.
         let sent = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), target, self.signal) };
         if sent != 0 {
+            let source = std::io::Error::last_os_error();
+            // ESRCH: no such thread in this process (it has exited).
+            if source.raw_os_error() == Some(libc::ESRCH) {
+                return Err(Error::NoSuchThread {
+                    tid: self.tid,
+                    source,
+                });
+            }
             return Err(Error::Signal {
                 tid: self.tid,
-                source: std::io::Error::last_os_error(),
+                source,
             });
         }
         Ok(())
@@ -313,7 +324,7 @@ fn owner_if_not_ours(signal: c_int) -> Option<Owner> {
     let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: `current` is a valid, writable `sigaction`.
     if unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } != 0 {
-        return Some(Owner::Handler);
+        return Some(Owner::Unknown);
     }
     match current.sa_sigaction {
         handler if handler == on_signal as *const () as libc::sighandler_t => None,
@@ -636,6 +647,17 @@ mod tests {
         assert!(arm(tid).is_ok(), "ours again");
         stop.store(true, Ordering::Relaxed);
         spinning.join().unwrap();
+    }
+
+    #[test]
+    fn signalling_a_thread_that_has_ended_is_no_such_thread() {
+        let _one = one_capture_at_a_time();
+        install().expect("installed");
+        let (tid, handle) = thread(false, || {});
+        handle.join().unwrap();
+        let armed = arm(tid).expect("armed");
+        let err = armed.send().expect_err("no thread to signal");
+        assert!(matches!(err, Error::NoSuchThread { .. }), "{err}");
     }
 
     #[test]
