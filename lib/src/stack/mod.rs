@@ -658,6 +658,8 @@ fn signalled(
     unwinder
         .update(&maps, deadline)
         .map_err(|failure| unwind_error(tid, failure, false))?;
+    let prepared =
+        parked::PreparedCopy::new().map_err(|source| Error::StackRead { tid, source })?;
     let armed = signal::arm(tid)?;
     before_recheck();
     // The last look, immediately before the signal: a thread that entered a system
@@ -668,7 +670,7 @@ fn signalled(
     armed.send()?;
     let registers = armed.held(deadline)?;
     let copying = Instant::now();
-    let copy = parked::StackCopy::read(&maps, registers.sp);
+    let copy = prepared.copy(&maps, registers.sp);
     let still_held = armed.release();
     // How long a capture stops a running thread, for docs/performance.md.
     tracing::debug!(
