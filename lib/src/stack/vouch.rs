@@ -220,6 +220,7 @@ impl Code<'_> {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Code<'_> {
     /// `length` bytes at `address`, all in one executable mapping.
     fn read_vec(&self, address: u64, length: u64) -> Option<Vec<u8>> {
@@ -280,6 +281,7 @@ impl Starts {
 }
 
 /// How much of a function's code is searched for a tail call.
+#[cfg(target_arch = "x86_64")]
 const MAX_TAIL_CALL_SEARCH: u64 = 16 * 1024;
 
 impl Starts {
