@@ -414,6 +414,10 @@ mod native {
     /// How many frame records a capture tries as the frame pointer.
     const MAX_FRAME_POINTER_CANDIDATES: usize = 64;
 
+    /// How far above the stack pointer a frame record is searched for: the record of the
+    /// first frame that needs one is in that frame or just above its callees'.
+    const MAX_RECORD_SEARCH: u64 = 256 * 1024;
+
     /// The unwinder over the files read so far, and which files (path and first
     /// address) those are, with tables or without.
     pub(super) struct Tables {
@@ -500,6 +504,7 @@ mod native {
             // (Its saved frame pointer is not checked: a caller built without frame
             // pointers saves whatever the register held.)
             let records: Vec<u64> = frame_records(maps, stack)
+                .take_while(|&at| at - stack.start < MAX_RECORD_SEARCH && Instant::now() < deadline)
                 .filter(|&at| {
                     stack.word(at + 8).is_ok_and(|ret| {
                         matches!(
