@@ -40,6 +40,15 @@ pub(crate) struct StuckThread {
     pub diagnostics: ThreadDiagnostics,
 }
 
+/// How many times one stuck poll's stack is tried when each try fails for a reason
+/// that can pass (another capture, the deadline, a thread that kept waking or left the
+/// handler early): once per report of the hang, at most this many.
+const MAX_CAPTURE_TRIES: u32 = 3;
+
+/// Captures one thread's stack and kernel state: [`ThreadDiagnostics::of`], but for
+/// tests.
+type Capture = fn(u32, Duration) -> ThreadDiagnostics;
+
 /// Inspects stuck threads for the monitor, remembering which polls it has captured.
 #[derive(Debug)]
 pub(crate) struct Inspector {
@@ -48,6 +57,9 @@ pub(crate) struct Inspector {
     /// The reconciles whose stack has been captured, each with the poll it was in (its
     /// poll count): a later report of the same stuck poll does not signal again.
     captured: Vec<(u64, u64)>,
+    /// The polls whose captures failed for a passing reason, and how many times.
+    tried: Vec<((u64, u64), u32)>,
+    capture: Capture,
 }
 
 impl Inspector {
@@ -58,6 +70,8 @@ impl Inspector {
             config,
             registry,
             captured: Vec::new(),
+            tried: Vec::new(),
+            capture: |tid, timeout| ThreadDiagnostics::of(tid, timeout, is_guard_poll),
         }
     }
 
@@ -119,10 +133,25 @@ impl Inspector {
                 kernel: stack::KernelState::read(tid),
             };
         }
-        let mut diagnostics =
-            ThreadDiagnostics::of(tid, self.config.capture_timeout, is_guard_poll);
-        if !matches!(diagnostics.stack, Err(stack::Error::Unsupported(_))) {
-            self.captured.push(this_poll);
+        let mut diagnostics = (self.capture)(tid, self.config.capture_timeout);
+        match &diagnostics.stack {
+            Err(stack::Error::Unsupported(_)) => {}
+            Err(error) if error.may_pass() => {
+                let tries = match self.tried.iter_mut().find(|(poll, _)| *poll == this_poll) {
+                    Some((_, tries)) => {
+                        *tries += 1;
+                        *tries
+                    }
+                    None => {
+                        self.tried.push((this_poll, 1));
+                        1
+                    }
+                };
+                if tries >= MAX_CAPTURE_TRIES {
+                    self.captured.push(this_poll);
+                }
+            }
+            _ => self.captured.push(this_poll),
         }
         if diagnostics.stack.is_ok() && !self.still_in(reconcile, tid) {
             diagnostics.stack = Err(stack::Error::Stale);
@@ -146,6 +175,8 @@ impl Inspector {
     pub(crate) fn forget_all_but(&mut self, attention: &[InFlight]) {
         self.captured
             .retain(|(id, _)| attention.iter().any(|r| r.id == *id));
+        self.tried
+            .retain(|((id, _), _)| attention.iter().any(|r| r.id == *id));
     }
 }
 
@@ -282,6 +313,68 @@ mod tests {
                 .diagnostics
                 .stack
                 .is_ok()
+        );
+        drop(release);
+        thread.join().unwrap();
+    }
+
+    /// A capture that fails as if another capture held the lock, then succeeds for real.
+    fn busy_then_captured(tid: u32, timeout: Duration) -> ThreadDiagnostics {
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 {
+            return ThreadDiagnostics {
+                tid,
+                stack: Err(stack::Error::Busy),
+                kernel: stack::KernelState::read(tid),
+            };
+        }
+        ThreadDiagnostics::of(tid, timeout, is_guard_poll)
+    }
+
+    fn always_busy(tid: u32, _: Duration) -> ThreadDiagnostics {
+        ThreadDiagnostics {
+            tid,
+            stack: Err(stack::Error::Busy),
+            kernel: stack::KernelState::read(tid),
+        }
+    }
+
+    #[test]
+    fn a_capture_that_failed_for_a_passing_reason_is_tried_at_the_next_report() {
+        let (registry, release, thread) = stuck_reconcile();
+        let mut inspector = Inspector::new(config(), registry.clone());
+        inspector.capture = busy_then_captured;
+        let first = in_poll(&registry, 1);
+        let now = Instant::now();
+        let busy = inspector.inspect(&hung(&first), now);
+        assert!(
+            matches!(busy[0].diagnostics.stack, Err(stack::Error::Busy)),
+            "{:?}",
+            busy[0].diagnostics.stack
+        );
+        let retried = inspector.inspect(&hung(&first), now);
+        let stack = retried[0].diagnostics.stack.as_ref().expect("a stack");
+        assert!(stack.mentions("BlocksEachPoll"), "{stack}");
+
+        // A poll whose captures keep failing is tried a bounded number of times.
+        release.send(()).unwrap();
+        let second = in_poll(&registry, 2);
+        inspector.capture = always_busy;
+        for _ in 0..MAX_CAPTURE_TRIES {
+            let shown = inspector.inspect(&hung(&second), now);
+            assert!(matches!(
+                shown[0].diagnostics.stack,
+                Err(stack::Error::Busy)
+            ));
+        }
+        let shown = inspector.inspect(&hung(&second), now);
+        assert!(
+            matches!(
+                shown[0].diagnostics.stack,
+                Err(stack::Error::AlreadyCaptured)
+            ),
+            "{:?}",
+            shown[0].diagnostics.stack
         );
         drop(release);
         thread.join().unwrap();

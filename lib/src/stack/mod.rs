@@ -161,6 +161,22 @@ pub enum Error {
     Empty,
 }
 
+impl Error {
+    /// Whether a capture that failed this way may succeed if tried again later: another
+    /// capture held the lock, the deadline passed, the thread kept waking, did not run
+    /// the handler in time or left it early.
+    pub(crate) fn may_pass(&self) -> bool {
+        matches!(
+            self,
+            Self::Busy
+                | Self::Deadline { .. }
+                | Self::LeftHandler { .. }
+                | Self::KeptMoving { .. }
+                | Self::Timeout { .. }
+        )
+    }
+}
+
 /// One frame of a captured stack: an instruction pointer and what it resolved to.
 /// A call inlined into its caller shares its caller's pointer and appears as a frame
 /// of its own, innermost first.
@@ -325,17 +341,20 @@ pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
 }
 
 /// Makes `signal` the signal that captures of running threads send (by default
-/// `SIGURG`, whose default action is to be ignored). Call it before the watchdog
-/// starts: the first capture installs the handler for the signal in use, and the choice
-/// is fixed from then on. A signal the application ignores or handles itself is left
+/// `SIGURG`, whose default action is to be ignored), and installs its handler now. Call
+/// it before the watchdog starts: the first capture installs the handler for the default
+/// signal otherwise, and the choice is fixed from then on (a choice and a first capture
+/// at once cannot disagree). Only `SIGURG`, `SIGUSR1`, `SIGUSR2` and the real-time
+/// signals can be chosen. A signal the application ignores or handles itself is left
 /// alone; running threads are then not captured. A real-time signal
 /// (`libc::SIGRTMIN() + n`) that nothing else uses is a good choice; its default action
 /// terminates the process, which only matters should something reset its handler.
 ///
 /// # Errors
 ///
-/// [`Error::SignalUnusable`] for a signal that does not exist, cannot be caught or
-/// reports faults, or once a capture has installed the handler for another signal;
+/// [`Error::SignalUnusable`] for a signal that is not one of those, or once the handler
+/// is installed for another signal; [`Error::SignalTaken`] when the application ignores
+/// or handles it; [`Error::Install`] when the handler cannot be installed;
 /// [`Error::Unsupported`] where stacks are not captured.
 pub fn set_capture_signal(signal: i32) -> Result<(), Error> {
     #[cfg(all(feature = "stack-capture", target_os = "linux"))]
@@ -574,10 +593,12 @@ fn look_at(tid: u32) -> Result<parked::Whereabouts, Error> {
 }
 
 /// A `syscall` file that is missing is only "no such thread" when the thread's
-/// directory is missing too (a kernel without that file has the directory).
+/// directory is missing too (a kernel without that file has the directory) and this
+/// process's is there (without `/proc`, nothing is known of the thread).
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn whereabouts_error(tid: u32, source: std::io::Error) -> Error {
     if source.kind() == std::io::ErrorKind::NotFound
+        && std::path::Path::new("/proc/self/task").exists()
         && !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
     {
         return Error::NoSuchThread { tid, source };
@@ -637,6 +658,8 @@ fn signalled(
     unwinder
         .update(&maps, deadline)
         .map_err(|failure| unwind_error(tid, failure, false))?;
+    let prepared =
+        parked::PreparedCopy::new().map_err(|source| Error::StackRead { tid, source })?;
     let armed = signal::arm(tid)?;
     before_recheck();
     // The last look, immediately before the signal: a thread that entered a system
@@ -647,7 +670,7 @@ fn signalled(
     armed.send()?;
     let registers = armed.held(deadline)?;
     let copying = Instant::now();
-    let copy = parked::StackCopy::read(&maps, registers.sp);
+    let copy = prepared.copy(&maps, registers.sp);
     let still_held = armed.release();
     // How long a capture stops a running thread, for docs/performance.md.
     tracing::debug!(

@@ -166,6 +166,46 @@ pub(super) struct StackCopy {
     bytes: Vec<u8>,
     mapping: Range<u64>,
     pub(super) memory: File,
+    /// Whether words beyond the copy may be read from the thread's stack now: not for
+    /// a running thread's copy, made while it was held and read after it was let go.
+    live: bool,
+}
+
+/// What copying a running thread's stack needs, made before the thread is stopped:
+/// `/proc/self/mem` open and a buffer of the largest copy (zeroed pages, which the
+/// kernel maps as the copy writes them), so that the hold is only the copy.
+pub(super) struct PreparedCopy {
+    memory: File,
+    bytes: Vec<u8>,
+}
+
+impl PreparedCopy {
+    pub(super) fn new() -> io::Result<Self> {
+        Ok(Self {
+            memory: File::open("/proc/self/mem")?,
+            bytes: vec![0; usize::try_from(MAX_STACK_COPY).unwrap_or(usize::MAX)],
+        })
+    }
+
+    /// Copies from `sp` to the end of the mapping it is in, at most [`MAX_STACK_COPY`]:
+    /// no file opened, nothing allocated (an error is a bare kind).
+    pub(super) fn copy(mut self, maps: &Maps, sp: u64) -> io::Result<StackCopy> {
+        let mapping = maps
+            .containing(sp)
+            .map(|m| m.range.clone())
+            .ok_or(io::ErrorKind::NotFound)?;
+        let end = mapping.end.min(sp.saturating_add(MAX_STACK_COPY));
+        let length = usize::try_from(end - sp).unwrap_or(0).min(self.bytes.len());
+        self.memory.read_exact_at(&mut self.bytes[..length], sp)?;
+        self.bytes.truncate(length);
+        Ok(StackCopy {
+            start: sp,
+            bytes: self.bytes,
+            mapping,
+            memory: self.memory,
+            live: false,
+        })
+    }
 }
 
 impl StackCopy {
@@ -189,6 +229,7 @@ impl StackCopy {
             bytes,
             mapping,
             memory,
+            live: true,
         })
     }
 
@@ -201,7 +242,8 @@ impl StackCopy {
             .and_then(|offset| self.bytes.get(offset..offset.checked_add(8)?))
         {
             Some(bytes) => word.copy_from_slice(bytes),
-            None if self.mapping.contains(&address)
+            None if self.live
+                && self.mapping.contains(&address)
                 && self.mapping.contains(&address.saturating_add(7)) =>
             {
                 self.memory
@@ -372,6 +414,10 @@ mod native {
     /// How many frame records a capture tries as the frame pointer.
     const MAX_FRAME_POINTER_CANDIDATES: usize = 64;
 
+    /// How far above the stack pointer a frame record is searched for: the record of the
+    /// first frame that needs one is in that frame or just above its callees'.
+    const MAX_RECORD_SEARCH: u64 = 256 * 1024;
+
     /// The unwinder over the files read so far, and which files (path and first
     /// address) those are, with tables or without.
     pub(super) struct Tables {
@@ -458,6 +504,7 @@ mod native {
             // (Its saved frame pointer is not checked: a caller built without frame
             // pointers saves whatever the register held.)
             let records: Vec<u64> = frame_records(maps, stack)
+                .take_while(|&at| at - stack.start < MAX_RECORD_SEARCH && Instant::now() < deadline)
                 .filter(|&at| {
                     stack.word(at + 8).is_ok_and(|ret| {
                         matches!(

@@ -16,7 +16,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Error;
@@ -58,8 +58,9 @@ static SP: AtomicU64 = AtomicU64::new(0);
 static FP: AtomicU64 = AtomicU64::new(0);
 static LR: AtomicU64 = AtomicU64::new(0);
 
-static CHOSEN: AtomicI32 = AtomicI32::new(DEFAULT_SIGNAL);
-static INSTALLED: OnceLock<Result<c_int, InstallFailure>> = OnceLock::new();
+/// The signal in use, chosen and installed at once (by `choose`, or by the first
+/// capture with the default): a choice cannot race an installation.
+static INSTALLED: OnceLock<(c_int, Result<c_int, InstallFailure>)> = OnceLock::new();
 /// Whether the application's taking over of the signal was logged (once per process).
 static TAKEN_LOGGED: AtomicBool = AtomicBool::new(false);
 
@@ -75,6 +76,8 @@ enum Owner {
     Ignored,
     Handler,
     Default,
+    /// Querying its disposition failed: not known to be ours.
+    Unknown,
 }
 
 impl Owner {
@@ -83,12 +86,13 @@ impl Owner {
             Self::Ignored => "ignored by the application (SIG_IGN)",
             Self::Handler => "handled by the application's own handler",
             Self::Default => "reset to its default action since it was installed",
+            Self::Unknown => "of a disposition that could not be read (sigaction failed)",
         }
     }
 }
 
-/// Makes `signal` the capture signal. Only before the first capture installed its
-/// handler.
+/// Makes `signal` the capture signal and installs its handler. Only before the first
+/// capture (or choice) installed the handler for another signal.
 pub(super) fn choose(signal: c_int) -> Result<(), Error> {
     let unusable = |reason| Err(Error::SignalUnusable { signal, reason });
     if signal <= 0 || signal > libc::SIGRTMAX() {
@@ -109,14 +113,18 @@ pub(super) fn choose(signal: c_int) -> Result<(), Error> {
     {
         return unusable("it reports faults, which must keep their own handling");
     }
-    if let Some(installed) = INSTALLED.get() {
-        return match installed {
-            Ok(current) if *current == signal => Ok(()),
-            _ => unusable("a capture already used another signal; choose before the first"),
-        };
+    // The others have meanings of their own (a terminal's, a child's, a timer's, a
+    // broken pipe's...) that something in the process may rely on.
+    let free = [libc::SIGURG, libc::SIGUSR1, libc::SIGUSR2].contains(&signal)
+        || (libc::SIGRTMIN()..=libc::SIGRTMAX()).contains(&signal);
+    if !free {
+        return unusable("only SIGURG, SIGUSR1, SIGUSR2 and the real-time signals can be");
     }
-    CHOSEN.store(signal, Ordering::Relaxed);
-    Ok(())
+    let (tried, installed) = *INSTALLED.get_or_init(|| (signal, install_for(signal)));
+    if tried != signal {
+        return unusable("a capture already used another signal; choose before the first");
+    }
+    installed.map(|_| ()).map_err(describe_failure)
 }
 
 /// A capture armed for one thread: sends it the signal, waits for its registers and
@@ -176,9 +184,17 @@ impl Armed {
         // process) fails with ESRCH instead of reaching another process.
         let sent = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), target, self.signal) };
         if sent != 0 {
+            let source = std::io::Error::last_os_error();
+            // ESRCH: no such thread in this process (it has exited).
+            if source.raw_os_error() == Some(libc::ESRCH) {
+                return Err(Error::NoSuchThread {
+                    tid: self.tid,
+                    source,
+                });
+            }
             return Err(Error::Signal {
                 tid: self.tid,
-                source: std::io::Error::last_os_error(),
+                source,
             });
         }
         Ok(())
@@ -235,8 +251,13 @@ impl Drop for Armed {
 }
 
 fn install() -> Result<c_int, Error> {
-    let installed = *INSTALLED.get_or_init(|| {
-        let signal = CHOSEN.load(Ordering::Relaxed);
+    let (_, installed) = *INSTALLED.get_or_init(|| (DEFAULT_SIGNAL, install_for(DEFAULT_SIGNAL)));
+    installed.map_err(describe_failure)
+}
+
+/// Installs the handler for `signal`, unless the application ignores or handles it.
+fn install_for(signal: c_int) -> Result<c_int, InstallFailure> {
+    {
         // SAFETY: an all-zero `sigaction` is a valid value of the C struct (no handler,
         // empty mask, no flags); with a null new action `sigaction` only writes `old`.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -271,8 +292,12 @@ fn install() -> Result<c_int, Error> {
             return Err(InstallFailure::Os(last_errno()));
         }
         Ok(signal)
-    });
-    installed.map_err(|failure| match failure {
+    }
+}
+
+/// The error of a failed installation (an application's handler logged once).
+fn describe_failure(failure: InstallFailure) -> Error {
+    match failure {
         InstallFailure::Taken(signal, owner) => {
             if !TAKEN_LOGGED.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
@@ -288,7 +313,7 @@ fn install() -> Result<c_int, Error> {
             }
         }
         InstallFailure::Os(errno) => Error::Install(std::io::Error::from_raw_os_error(errno)),
-    })
+    }
 }
 
 /// Who has `signal` now, when it is no longer this module's handler: something may
@@ -299,7 +324,7 @@ fn owner_if_not_ours(signal: c_int) -> Option<Owner> {
     let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: `current` is a valid, writable `sigaction`.
     if unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } != 0 {
-        return Some(Owner::Handler);
+        return Some(Owner::Unknown);
     }
     match current.sa_sigaction {
         handler if handler == on_signal as *const () as libc::sighandler_t => None,
@@ -625,9 +650,35 @@ mod tests {
     }
 
     #[test]
+    fn signalling_a_thread_that_has_ended_is_no_such_thread() {
+        let _one = one_capture_at_a_time();
+        install().expect("installed");
+        let (tid, handle) = thread(false, || {});
+        handle.join().unwrap();
+        let armed = arm(tid).expect("armed");
+        let err = armed.send().expect_err("no thread to signal");
+        assert!(matches!(err, Error::NoSuchThread { .. }), "{err}");
+    }
+
+    #[test]
     fn only_a_signal_that_can_be_caught_and_reports_no_fault_can_be_chosen() {
         let installed = install().expect("installed");
-        for signal in [0, -1, libc::SIGRTMAX() + 1, libc::SIGKILL, libc::SIGSEGV] {
+        // Those that do not exist, cannot be caught, report faults, or mean something
+        // else (a hang-up, an interrupt, a child's end, a broken pipe, a timer).
+        for signal in [
+            0,
+            -1,
+            libc::SIGRTMAX() + 1,
+            libc::SIGKILL,
+            libc::SIGSEGV,
+            libc::SIGHUP,
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGCHLD,
+            libc::SIGPIPE,
+            libc::SIGALRM,
+            libc::SIGWINCH,
+        ] {
             let err = choose(signal).expect_err("refused");
             assert!(matches!(err, Error::SignalUnusable { .. }), "{err}");
         }

@@ -220,6 +220,7 @@ impl Code<'_> {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Code<'_> {
     /// `length` bytes at `address`, all in one executable mapping.
     fn read_vec(&self, address: u64, length: u64) -> Option<Vec<u8>> {
@@ -280,6 +281,7 @@ impl Starts {
 }
 
 /// How much of a function's code is searched for a tail call.
+#[cfg(target_arch = "x86_64")]
 const MAX_TAIL_CALL_SEARCH: u64 = 16 * 1024;
 
 impl Starts {
@@ -330,6 +332,12 @@ impl Starts {
 #[cfg(target_arch = "x86_64")]
 pub(super) fn frame_record_offset(code: &Code<'_>, start: u64) -> Option<u64> {
     let bytes: [u8; 32] = code.read(start, true)?;
+    prologue_record_offset(&bytes)
+}
+
+/// [`frame_record_offset`] of a function whose code starts with `bytes`.
+#[cfg(target_arch = "x86_64")]
+fn prologue_record_offset(bytes: &[u8]) -> Option<u64> {
     let mut at = if bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
         4
     } else {
@@ -340,20 +348,29 @@ pub(super) fn frame_record_offset(code: &Code<'_>, start: u64) -> Option<u64> {
     }
     at += 4;
     let mut offset = 0;
+    // Pushes of saved registers, and of a scratch one to reserve a word.
     loop {
         match bytes.get(at..)? {
-            [0x41, 0x54..=0x57, ..] => at += 2,
-            [0x53, ..] => at += 1,
+            [0x41, 0x50..=0x57, ..] => at += 2,
+            [0x50..=0x53 | 0x56 | 0x57, ..] => at += 1,
             _ => break,
         }
         offset += 8;
     }
     match bytes.get(at..)? {
-        [0x48, 0x83, 0xec, n, ..] => offset += u64::from(*n),
+        [0x48, 0x83, 0xec, n, ..] => {
+            offset += u64::from(*n);
+            at += 4;
+        }
         [0x48, 0x81, 0xec, a, b, c, d, ..] => {
             offset += u64::from(u32::from_le_bytes([*a, *b, *c, *d]));
+            at += 7;
         }
         _ => {}
+    }
+    // A stack realigned (`and $-N,%rsp`) is not a fixed distance from the record.
+    if matches!(bytes.get(at..)?, [0x48, 0x83 | 0x81, 0xe4, ..]) {
+        return None;
     }
     Some(offset)
 }
@@ -506,6 +523,35 @@ mod tests {
         assert!(!ends_with_call(&[0xff, 0xe0]), "jmp *%rax is no call");
         assert!(!ends_with_call(&[0x48, 0x89, 0xc7]), "mov %rax,%rdi");
         assert!(!ends_with_call(&[0xff, 0x50]), "a call cut short");
+    }
+
+    #[test]
+    fn a_frame_record_is_placed_by_the_usual_prologue_only() {
+        // push %rbp; mov %rsp,%rbp; push %r15; push %r14; push %r12; push %rbx;
+        // sub $0x20,%rsp (the standard library's lock_contended).
+        let usual = [
+            0x55, 0x48, 0x89, 0xe5, 0x41, 0x57, 0x41, 0x56, 0x41, 0x54, 0x53, 0x48, 0x83, 0xec,
+            0x20, 0x48, 0x89, 0xfb,
+        ];
+        assert_eq!(prologue_record_offset(&usual), Some(4 * 8 + 0x20));
+        let mut with_endbr = vec![0xf3, 0x0f, 0x1e, 0xfa];
+        with_endbr.extend_from_slice(&usual);
+        assert_eq!(prologue_record_offset(&with_endbr), Some(4 * 8 + 0x20));
+        // push %rax reserves a word; sub $0x1000,%rsp.
+        let large = [
+            0x55, 0x48, 0x89, 0xe5, 0x50, 0x48, 0x81, 0xec, 0x00, 0x10, 0x00, 0x00, 0x90,
+        ];
+        assert_eq!(prologue_record_offset(&large), Some(8 + 0x1000));
+        // Realigned: and $-32,%rsp.
+        let realigned = [
+            0x55, 0x48, 0x89, 0xe5, 0x53, 0x48, 0x83, 0xec, 0x18, 0x48, 0x83, 0xe4, 0xe0,
+        ];
+        assert_eq!(prologue_record_offset(&realigned), None);
+        // No frame pointer: push %r14; push %rbx; push %rax.
+        assert_eq!(
+            prologue_record_offset(&[0x41, 0x56, 0x53, 0x50, 0x90]),
+            None
+        );
     }
 
     #[test]
