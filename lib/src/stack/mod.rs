@@ -845,6 +845,40 @@ mod tests {
         handle.join().unwrap();
     }
 
+    #[inline(never)]
+    fn spinning_on_the_clock(stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            std::hint::black_box(Instant::now());
+        }
+    }
+
+    #[test]
+    fn a_thread_spinning_on_the_clock_keeps_its_caller() {
+        // Most of its time is in the vDSO's clock_gettime: unwound by the vDSO's own
+        // tables, its stack goes on to the loop that calls it.
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tid, handle) = {
+            let stop = Arc::clone(&stop);
+            thread_running(move || spinning_on_the_clock(&stop))
+        };
+        let mut stacks = 0;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while stacks < 20 && Instant::now() < deadline {
+            match capture(tid, TIMEOUT) {
+                Ok(stack) => {
+                    assert!(stack.mentions("spinning_on_the_clock"), "{stack}");
+                    stacks += 1;
+                }
+                // A loaded machine: the capturing thread was not scheduled in time.
+                Err(Error::LeftHandler { .. } | Error::Timeout { .. }) => {}
+                Err(err) => panic!("{err}"),
+            }
+        }
+        assert_eq!(stacks, 20, "20 stacks within 30 s");
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+    }
+
     #[test]
     fn a_thread_that_does_not_exist_is_an_error_not_a_wait() {
         // Above any pid_max, so never a live thread of this process.
