@@ -172,8 +172,9 @@ pub(super) struct StackCopy {
 }
 
 /// What copying a running thread's stack needs, made before the thread is stopped:
-/// `/proc/self/mem` open and a buffer of the largest copy (zeroed pages, which the
-/// kernel maps as the copy writes them), so that the hold is only the copy.
+/// `/proc/self/mem` open and a buffer of the largest copy, written once so that its
+/// pages are mapped already (a fresh zeroed buffer's would be mapped by the copy, one
+/// fault a page, during the hold), so that the hold is only the copy.
 pub(super) struct PreparedCopy {
     memory: File,
     bytes: Vec<u8>,
@@ -183,7 +184,7 @@ impl PreparedCopy {
     pub(super) fn new() -> io::Result<Self> {
         Ok(Self {
             memory: File::open("/proc/self/mem")?,
-            bytes: vec![0; usize::try_from(MAX_STACK_COPY).unwrap_or(usize::MAX)],
+            bytes: vec![0xff; usize::try_from(MAX_STACK_COPY).unwrap_or(usize::MAX)],
         })
     }
 
