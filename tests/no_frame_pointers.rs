@@ -2,7 +2,7 @@
 //! outside this workspace (so without its wrapper, which forces frame pointers on this
 //! repository's crates), built in release with the profile docs/diagnostics.md gives
 //! embedders, once without frame pointers and once with `-Cforce-frame-pointers=yes` on
-//! every crate. Each of its cases blocks a guarded reconcile in a function of its own
+//! every crate, and in debug. Each of its cases blocks a guarded reconcile in a function of its own
 //! (sleep, a std mutex, a condvar, a socket read, a pipe read, `Command::output`, and a
 //! sleep from a frame that holds stale frame records of calls that have returned); the
 //! stack the library captures of the blocked worker must name that function with file
@@ -44,21 +44,27 @@ fn on_the_chain_to_the_guard(function: &str) -> bool {
             "std::panicking::catch_unwind::do_call"
                 | "std::panicking::catch_unwind"
                 | "std::panic::catch_unwind"
+                // What catch_unwind calls through: a function of its own in debug builds.
+                | "__rust_try"
         )
 }
 
 const GUARD_POLL: &str =
     "<reconcile_watchdog::guard::guarded::Guarded<F> as core::future::future::Future>::poll";
 
-/// Builds the fixture in release into `target`, with `rustflags`, and returns its binary.
-fn build(target: &str, rustflags: &str) -> PathBuf {
+/// Builds the fixture in release (or debug) into `target`, with `rustflags`, and returns
+/// its binary. Each build has a target folder of its own: `RUSTFLAGS` makes every
+/// artifact distinct, so a shared one would share nothing and relink the fixture at
+/// every switch.
+fn build(target: &str, release: bool, rustflags: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("stack-fixtures")
         .join(target);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let built = Command::new(&cargo)
-        .args(["build", "--release", "--locked", "--quiet"])
+        .args(["build", "--locked", "--quiet"])
+        .args(release.then_some("--release"))
         .current_dir(root.join("tests/stack-fixtures"))
         // No wrapper (the repository's .cargo/config.toml is found from the fixture's
         // folder too), and only these flags: as an embedding operator builds.
@@ -69,7 +75,9 @@ fn build(target: &str, rustflags: &str) -> PathBuf {
         .status()
         .expect("cargo runs");
     assert!(built.success(), "the fixture did not build ({rustflags:?})");
-    target.join("release/stack-fixtures")
+    target
+        .join(if release { "release" } else { "debug" })
+        .join("stack-fixtures")
 }
 
 /// One frame as the fixture prints it.
@@ -158,11 +166,20 @@ fn check(binary: &Path, frame_pointers: bool) {
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_without_frame_pointers() {
-    check(&build("plain", ""), false);
+    check(&build("plain", true, ""), false);
 }
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_with_frame_pointers() {
-    check(&build("frame-pointers", "-Cforce-frame-pointers=yes"), true);
+    check(
+        &build("frame-pointers", true, "-Cforce-frame-pointers=yes"),
+        true,
+    );
+}
+
+#[test]
+#[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
+fn blocked_reconciles_are_named_on_the_real_chain_in_a_debug_build() {
+    check(&build("debug", false, ""), false);
 }

@@ -172,8 +172,9 @@ pub(super) struct StackCopy {
 }
 
 /// What copying a running thread's stack needs, made before the thread is stopped:
-/// `/proc/self/mem` open and a buffer of the largest copy (zeroed pages, which the
-/// kernel maps as the copy writes them), so that the hold is only the copy.
+/// `/proc/self/mem` open and a buffer of the largest copy, written once so that its
+/// pages are mapped already (a fresh zeroed buffer's would be mapped by the copy, one
+/// fault a page, during the hold), so that the hold is only the copy.
 pub(super) struct PreparedCopy {
     memory: File,
     bytes: Vec<u8>,
@@ -183,7 +184,7 @@ impl PreparedCopy {
     pub(super) fn new() -> io::Result<Self> {
         Ok(Self {
             memory: File::open("/proc/self/mem")?,
-            bytes: vec![0; usize::try_from(MAX_STACK_COPY).unwrap_or(usize::MAX)],
+            bytes: vec![0xff; usize::try_from(MAX_STACK_COPY).unwrap_or(usize::MAX)],
         })
     }
 
@@ -298,12 +299,17 @@ impl Maps {
         self.0.iter().find(|m| m.range.contains(&address))
     }
 
-    /// The files mapped with code, each with its mappings: what the unwinder needs
-    /// unwind tables from.
+    /// The files mapped with code, each with its mappings, and the vDSO (the kernel's
+    /// code in every process, `clock_gettime` among it): what the unwinder needs unwind
+    /// tables from.
     fn code_files(&self) -> Vec<(String, Vec<&Mapping>)> {
         let mut files: Vec<(String, Vec<&Mapping>)> = Vec::new();
         for mapping in &self.0 {
-            let Some(path) = mapping.path.as_deref().filter(|p| p.starts_with('/')) else {
+            let Some(path) = mapping
+                .path
+                .as_deref()
+                .filter(|p| p.starts_with('/') || *p == VDSO)
+            else {
                 continue;
             };
             match files.iter_mut().find(|(p, _)| p == path) {
@@ -315,6 +321,9 @@ impl Maps {
         files
     }
 }
+
+/// The vDSO's name in `/proc/self/maps`.
+const VDSO: &str = "[vdso]";
 
 /// `start-end perms offset dev inode [path]`.
 fn parse_mapping(line: &str) -> Option<Mapping> {
@@ -687,11 +696,38 @@ mod native {
     }
 
     /// The unwind tables of one mapped file: where its code is in this process, and its
-    /// `.eh_frame`, read from the file. None when it has none or cannot be read.
+    /// `.eh_frame`, read from the file (the vDSO's from memory). None when it has none
+    /// or cannot be read.
     fn module(path: &str, mappings: &[&Mapping]) -> Option<(Module<Arc<[u8]>>, Functions)> {
+        if path == super::VDSO {
+            // Not a file: its ELF image is the mapping itself, read like a stack.
+            let mapping = mappings.iter().find(|m| m.executable)?;
+            let length = usize::try_from(mapping.range.end - mapping.range.start).ok()?;
+            if length > MAX_VDSO {
+                return None;
+            }
+            let mut image = vec![0; length];
+            let memory = std::fs::File::open("/proc/self/mem").ok()?;
+            std::os::unix::fs::FileExt::read_exact_at(&memory, &mut image, mapping.range.start)
+                .ok()?;
+            let elf = object::File::parse(&*image).ok()?;
+            return tables(&elf, path, mappings);
+        }
         let file = std::fs::File::open(path).ok()?;
         let cache = object::read::ReadCache::new(file);
         let elf = object::File::parse(&cache).ok()?;
+        tables(&elf, path, mappings)
+    }
+
+    /// The largest vDSO read (they are a few pages).
+    const MAX_VDSO: usize = 1 << 20;
+
+    /// The unwind tables of `elf`, mapped as `mappings`.
+    fn tables<'data, R: object::ReadRef<'data>>(
+        elf: &object::File<'data, R>,
+        path: &str,
+        mappings: &[&Mapping],
+    ) -> Option<(Module<Arc<[u8]>>, Functions)> {
         // The load bias: where an executable mapping is, less where the segment that
         // holds its file offset asks to be. (Not from the mapping at offset 0: the file
         // can be mapped again, read-only, by the symbolizer.)

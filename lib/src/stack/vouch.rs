@@ -284,32 +284,38 @@ impl Starts {
 #[cfg(target_arch = "x86_64")]
 const MAX_TAIL_CALL_SEARCH: u64 = 16 * 1024;
 
+/// How much of a function without an unwind entry is searched for a tail call.
+#[cfg(target_arch = "x86_64")]
+const SHORT_TAIL_CALL_SEARCH: u64 = 32;
+
 impl Starts {
     /// Whether the function that starts at `caller` jumps to `callee` (directly, or
     /// through a GOT slot or PLT stub): a tail call. The jump's 4-byte displacement must
     /// land exactly on `callee`, which bytes that are not a jump match only by chance.
     #[cfg(target_arch = "x86_64")]
     fn jumps_to(&self, code: &Code<'_>, caller: u64, callee: u64) -> bool {
-        let Some((start, length)) = self.range_of(caller).filter(|&(start, _)| start == caller)
-        else {
-            return false;
-        };
+        // A function that only sets arguments and jumps may have no unwind entry of its
+        // own (it never moves the stack pointer): its first bytes are searched then.
+        let (start, length) = self
+            .range_of(caller)
+            .filter(|&(start, _)| start == caller)
+            .unwrap_or((caller, SHORT_TAIL_CALL_SEARCH));
         let length = length.min(MAX_TAIL_CALL_SEARCH);
         let Some(body) = code.read_vec(start, length) else {
             return false;
         };
-        body.windows(6).enumerate().any(|(at, w)| {
-            let at = at as u64;
-            let rel = |b: &[u8]| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            match w {
-                [0xe9, rest @ ..] => {
-                    let target = (start + at + 5).wrapping_add_signed(rel(rest));
+        let rel = |b: [u8; 4]| i64::from(i32::from_le_bytes(b));
+        (0..body.len()).any(|at| {
+            let next = |size: usize| start + (at + size) as u64;
+            match body[at..] {
+                [0xe9, a, b, c, d, ..] => {
+                    let target = next(5).wrapping_add_signed(rel([a, b, c, d]));
                     target == callee
                         || (!(start..start + length).contains(&target)
                             && through_stub(code, target) == Some(callee))
                 }
-                [0xff, 0x25, rest @ ..] => {
-                    let slot = (start + at + 6).wrapping_add_signed(rel(rest));
+                [0xff, 0x25, a, b, c, d, ..] => {
+                    let slot = next(6).wrapping_add_signed(rel([a, b, c, d]));
                     code.read::<8>(slot, false).map(u64::from_le_bytes) == Some(callee)
                 }
                 _ => false,
