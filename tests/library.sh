@@ -22,13 +22,13 @@ target="${CARGO_TARGET_DIR:-target}"
 export K8S_OPENAPI_ENABLED_VERSION=1.35
 
 public_api() {
-    # rustdoc's JSON output is unstable, hence RUSTC_BOOTSTRAP; default features, as
-    # `reconcile-watchdog = "0.1"` builds. A target directory of its own: cargo rebuilds
-    # every dependency when RUSTC_BOOTSTRAP changes, and the builds above would then
-    # undo each other's on every run.
-    RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$target/public-api" cargo rustdoc --quiet --locked \
+    # rustdoc's JSON output is unstable: tests/support/rustdoc-json.sh runs rustdoc with
+    # RUSTC_BOOTSTRAP, and cargo builds the dependencies as the `default` combination
+    # below does (same target dir, features and profile), so they are not built again.
+    # Default features, as `reconcile-watchdog = "0.1"` builds.
+    RUSTDOC="$PWD/tests/support/rustdoc-json.sh" cargo rustdoc --quiet --locked \
         -p reconcile-watchdog --lib -- -Z unstable-options --output-format json
-    python3 tests/public_api.py "$target/public-api/doc/reconcile_watchdog.json"
+    python3 tests/public_api.py "$target/doc/reconcile_watchdog.json"
 }
 
 if [[ "${1:-}" == "--update-public-api" ]]; then

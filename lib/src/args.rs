@@ -98,7 +98,7 @@ struct Flags {
     #[arg(long, env = "RECONCILE_WATCHDOG_RUNTIME_STALL_THRESHOLD", value_name = "DURATION", default_value = "10s", value_parser = positive_duration)]
     runtime_stall_threshold: Duration,
 
-    /// A runtime worker inside one poll this long, with another idle, gets an idle one woken to drive the timers and I/O it left (a WARN names the reconcile); off disables
+    /// A runtime worker inside one poll this long, with another idle, gets an idle one woken to drive the timers and I/O it left; a WARN names the reconcile when a guarded one holds the worker; off disables
     #[arg(long, env = "RECONCILE_WATCHDOG_DRIVER_RESCUE_AFTER", value_name = "DURATION", default_value = "20ms", value_parser = positive_duration_or_off)]
     driver_rescue_after: OrOff<Duration>,
 
