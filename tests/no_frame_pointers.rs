@@ -52,19 +52,20 @@ fn on_the_chain_to_the_guard(function: &str) -> bool {
 const GUARD_POLL: &str =
     "<reconcile_watchdog::guard::guarded::Guarded<F> as core::future::future::Future>::poll";
 
-/// Builds the fixture in release (or debug) into `target`, with `rustflags`, and returns
-/// its binary. Each build has a target folder of its own: `RUSTFLAGS` makes every
-/// artifact distinct, so a shared one would share nothing and relink the fixture at
-/// every switch.
-fn build(target: &str, release: bool, rustflags: &str) -> PathBuf {
+/// Builds the fixture in release (or debug) with `rustflags`, and returns its binary.
+/// The builds share one target folder. Flags are given with the host named as
+/// `--target`, so that they reach the fixture's crates alone, built in a folder of their
+/// own (the host's), and the release builds compile their build scripts and proc macros
+/// once.
+fn build(release: bool, rustflags: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("stack-fixtures")
-        .join(target);
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("stack-fixtures");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let host = (!rustflags.is_empty()).then(host);
     let built = Command::new(&cargo)
         .args(["build", "--locked", "--quiet"])
         .args(release.then_some("--release"))
+        .args(host.iter().flat_map(|host| ["--target", host]))
         .current_dir(root.join("tests/stack-fixtures"))
         // No wrapper (the repository's .cargo/config.toml is found from the fixture's
         // folder too), and only these flags: as an embedding operator builds.
@@ -76,8 +77,20 @@ fn build(target: &str, release: bool, rustflags: &str) -> PathBuf {
         .expect("cargo runs");
     assert!(built.success(), "the fixture did not build ({rustflags:?})");
     target
+        .join(host.unwrap_or_default())
         .join(if release { "release" } else { "debug" })
         .join("stack-fixtures")
+}
+
+/// The host's target triple, as rustc names it.
+fn host() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = Command::new(rustc).arg("-vV").output().expect("rustc runs");
+    String::from_utf8_lossy(&version.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_owned()
 }
 
 /// One frame as the fixture prints it.
@@ -166,20 +179,17 @@ fn check(binary: &Path, frame_pointers: bool) {
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_without_frame_pointers() {
-    check(&build("plain", true, ""), false);
+    check(&build(true, ""), false);
 }
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_with_frame_pointers() {
-    check(
-        &build("frame-pointers", true, "-Cforce-frame-pointers=yes"),
-        true,
-    );
+    check(&build(true, "-Cforce-frame-pointers=yes"), true);
 }
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_in_a_debug_build() {
-    check(&build("debug", false, ""), false);
+    check(&build(false, ""), false);
 }
