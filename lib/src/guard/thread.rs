@@ -29,11 +29,16 @@ pub struct ThreadInfo {
 static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
 static THREADS: LazyLock<DashMap<u64, ThreadInfo>> = LazyLock::new(DashMap::new);
 
-struct Slot(u64);
+struct Slot {
+    id: u64,
+    /// The thread's alternate signal stack, so that a capture may signal it while it
+    /// runs; released when the thread ends.
+    _alt_stack: crate::stack::AltStack,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        THREADS.remove(&self.0);
+        THREADS.remove(&self.id);
     }
 }
 
@@ -46,7 +51,7 @@ thread_local! {
         // may name.
         let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
         THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid(), runtime });
-        Slot(slot)
+        Slot { id: slot, _alt_stack: crate::stack::prepare_thread() }
     };
 }
 
@@ -116,7 +121,7 @@ pub(crate) fn offer_label(label: &'static str) {
 /// The calling thread's slot (never 0).
 #[inline]
 pub(crate) fn current_slot() -> u64 {
-    SLOT.with(|s| s.0)
+    SLOT.with(|s| s.id)
 }
 
 /// What is known of the thread in `slot`, while it lives.
@@ -224,6 +229,23 @@ mod tests {
             .unwrap()
             .expect("info while the thread lives");
         assert_eq!(seen.runtime, Some(runtime.handle().id()));
+    }
+
+    #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+    #[test]
+    fn a_thread_the_guard_sees_gets_an_alternate_signal_stack() {
+        use crate::stack::alt_stack::tests::{drop_alternate_stack, has_alternate_stack};
+        std::thread::spawn(|| {
+            drop_alternate_stack();
+            assert!(!has_alternate_stack());
+            current_slot();
+            assert!(
+                has_alternate_stack(),
+                "installed at the thread's first slot"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[tokio::test]

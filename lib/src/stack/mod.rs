@@ -11,6 +11,8 @@
 //! feature, Linux only. Where capture is unavailable, reports fall back to the
 //! thread's name and kernel state.
 
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(crate) mod alt_stack;
 mod kernel;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod parked;
@@ -139,6 +141,15 @@ pub enum Error {
         "thread {tid} is blocked in the kernel, which this architecture cannot unwind without interrupting it"
     )]
     BlockedUnwindUnsupported {
+        /// The kernel thread id.
+        tid: u32,
+    },
+    /// The thread is running, but not known to have an alternate signal stack for the
+    /// capture's handler (threads the guard polls on get one): it is not signalled.
+    #[error(
+        "thread {tid} has no alternate signal stack known to the capture (the guard gives one to the threads it polls on); not signalling it"
+    )]
+    NoAlternateStack {
         /// The kernel thread id.
         tid: u32,
     },
@@ -325,6 +336,26 @@ fn short_path(path: &std::path::Path) -> String {
         }
     }
     path
+}
+
+/// A thread's readiness for the capture signal (its alternate signal stack), held by the
+/// thread for its life: see [`prepare_thread`].
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(crate) use alt_stack::AltStack;
+
+/// Without stack capture, nothing to hold.
+#[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+#[derive(Debug)]
+pub(crate) struct AltStack;
+
+/// Makes the calling thread one that a capture may signal while it runs: gives it an
+/// alternate signal stack when it has none. Called once per thread (by the guard, at the
+/// thread's first guarded poll); the thread keeps what it returns until it ends.
+pub(crate) fn prepare_thread() -> AltStack {
+    #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+    return alt_stack::prepare();
+    #[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+    AltStack
 }
 
 /// Returns to the kernel the heap that resolving symbols freed: call it once a batch
@@ -796,6 +827,7 @@ mod tests {
     ) -> (u32, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::spawn(move || {
+            let _ready = alt_stack::prepare();
             tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
             body();
         });
@@ -877,6 +909,26 @@ mod tests {
         // From the registers the signal recorded, the unwind reaches the thread's root.
         assert_eq!(stack.stopped_early, None, "{stack}");
         assert!(stack.mentions("std::thread"), "{stack}");
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_running_thread_without_an_alternate_stack_is_not_signalled() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let handle = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                alt_stack::tests::drop_alternate_stack();
+                tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+                spinning_without_a_break(&stop);
+            })
+        };
+        let tid = rx.recv().unwrap();
+        let err = capture(tid, TIMEOUT).expect_err("not signalled");
+        assert!(matches!(err, Error::NoAlternateStack { .. }), "{err}");
+        assert!(err.to_string().contains("alternate signal stack"), "{err}");
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
     }
