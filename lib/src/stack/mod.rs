@@ -3,9 +3,10 @@
 //! [`KernelState`] reads `/proc/self/task/<tid>/` and needs no privilege beyond being
 //! the same process. [`capture`] never interrupts a thread blocked in the kernel: it
 //! unwinds such a thread from the registers the kernel shows for it (the `parked`
-//! module, x86_64). Only a thread running in user space (a busy loop), which no signal
-//! can interrupt in a system call, is sent a signal, whose handler copies its
-//! registers and holds it still while its stack is copied (the `signal` module). Either
+//! module, x86_64). Only a thread seen running in user space (a busy loop), and known
+//! to have an alternate signal stack (the `alt_stack` module), is sent a signal, whose
+//! handler copies its registers and holds it still while its stack is copied (the
+//! `signal` module). Either
 //! way the stack is unwound on the calling thread, by the one unwinder of the `parked`
 //! module, and symbols are resolved there too. All of it is behind the `stack-capture`
 //! feature, Linux only. Where capture is unavailable, reports fall back to the
@@ -366,7 +367,10 @@ pub fn release_symbols() {
 }
 
 /// Captures the native stack of thread `tid` of this process, waiting at most
-/// `timeout` for it, and resolves every frame.
+/// `timeout` for it, and resolves every frame. A thread running in user space is
+/// captured only if a guarded reconcile has been polled on it (which gives it the
+/// alternate signal stack the capture's handler runs on); another is
+/// [`Error::NoAlternateStack`].
 pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
     capture_until(tid, timeout, |_| false)
 }
