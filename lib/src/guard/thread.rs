@@ -34,6 +34,8 @@ struct Slot {
     /// The thread's alternate signal stack, so that a capture may signal it while it
     /// runs; released when the thread ends.
     _alt_stack: crate::stack::AltStack,
+    /// Where the guard's poll frame is while the thread is in one.
+    anchor: crate::stack::Anchor,
 }
 
 impl Drop for Slot {
@@ -50,8 +52,13 @@ thread_local! {
         // Once per thread, never per poll: which runtime's threads the watchdog's rescue
         // may name.
         let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
-        THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid(), runtime });
-        Slot { id: slot, _alt_stack: crate::stack::prepare_thread() }
+        let tid = kernel_tid();
+        THREADS.insert(slot, ThreadInfo { name, tid, runtime });
+        Slot {
+            id: slot,
+            _alt_stack: crate::stack::prepare_thread(),
+            anchor: crate::stack::Anchor::register(tid),
+        }
     };
 }
 
@@ -122,6 +129,20 @@ pub(crate) fn offer_label(label: &'static str) {
 #[inline]
 pub(crate) fn current_slot() -> u64 {
     SLOT.with(|s| s.id)
+}
+
+/// Records `at`, a stack address in the frame of the guard's poll the thread enters, for
+/// a capture of the thread to check its walk against; returns the outer poll's, which
+/// [`leave_poll_frame`] puts back.
+#[inline]
+pub(crate) fn enter_poll_frame(at: usize) -> usize {
+    SLOT.with(|s| s.anchor.enter(at))
+}
+
+/// Puts back the outer poll's frame address (see [`enter_poll_frame`]).
+#[inline]
+pub(crate) fn leave_poll_frame(outer: usize) {
+    SLOT.with(|s| s.anchor.restore(outer));
 }
 
 /// What is known of the thread in `slot`, while it lives.

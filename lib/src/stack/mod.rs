@@ -14,6 +14,7 @@
 
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 pub(crate) mod alt_stack;
+mod anchor;
 mod kernel;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod parked;
@@ -338,6 +339,8 @@ fn short_path(path: &std::path::Path) -> String {
     }
     path
 }
+
+pub(crate) use anchor::Anchor;
 
 /// A thread's readiness for the capture signal (its alternate signal stack), held by the
 /// thread for its life: see [`prepare_thread`].
