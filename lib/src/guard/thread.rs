@@ -34,8 +34,8 @@ struct Slot {
     /// The thread's alternate signal stack, so that a capture may signal it while it
     /// runs; released when the thread ends.
     _alt_stack: crate::stack::AltStack,
-    /// Where the guard's poll frame is while the thread is in one.
-    anchor: crate::stack::Anchor,
+    /// Where the guard's poll frame is while the thread is in one, for captures.
+    _anchor: crate::stack::anchor::Anchor,
 }
 
 impl Drop for Slot {
@@ -57,7 +57,7 @@ thread_local! {
         Slot {
             id: slot,
             _alt_stack: crate::stack::prepare_thread(),
-            anchor: crate::stack::Anchor::register(tid),
+            _anchor: crate::stack::anchor::Anchor::register(tid),
         }
     };
 }
@@ -136,13 +136,13 @@ pub(crate) fn current_slot() -> u64 {
 /// [`leave_poll_frame`] puts back.
 #[inline]
 pub(crate) fn enter_poll_frame(at: usize) -> usize {
-    SLOT.with(|s| s.anchor.enter(at))
+    crate::stack::anchor::enter(at)
 }
 
 /// Puts back the outer poll's frame address (see [`enter_poll_frame`]).
 #[inline]
 pub(crate) fn leave_poll_frame(outer: usize) {
-    SLOT.with(|s| s.anchor.restore(outer));
+    crate::stack::anchor::leave(outer);
 }
 
 /// What is known of the thread in `slot`, while it lives.

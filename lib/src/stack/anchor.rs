@@ -1,76 +1,91 @@
 //! Where the guard's poll frame is on each thread, so that a capture can tell whether its
 //! walk went through it.
 //!
-//! The guard stores a stack address of its poll frame at each poll's entry (one store in
-//! a cell the thread owns) and puts the outer poll's back at the exit; a capture reads
-//! the cell of the thread it unwinds and checks that the frame its walk found at that
-//! address is the guard's poll (see `capture_impl`).
+//! The guard stores a stack address of its poll frame in a thread-local at each poll's
+//! entry, and puts the outer poll's back at the exit: a plain store to a thread-local
+//! without lazy initialisation, a few instructions. A thread registers the address of
+//! its cell once (at its first guarded poll), and a capture reads the cell of the thread
+//! it unwinds, to check that the frame its walk found at that address is the guard's
+//! poll (see `check_against_the_poll_frame`).
+#![allow(unsafe_code)]
 
+use std::marker::PhantomData;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
-/// The anchor cells of the live threads that have one, by kernel tid.
-static ANCHORS: Mutex<Vec<(u32, Arc<AtomicUsize>)>> = Mutex::new(Vec::new());
+thread_local! {
+    /// A stack address in the frame of the guard's poll the thread is in (0: none).
+    static POLL_FRAME: AtomicUsize = const { AtomicUsize::new(0) };
+}
 
-/// A thread's anchor cell, held by the thread for its life (dropping it withdraws it).
+/// The live threads that registered their cell: kernel tid and the cell's address.
+static REGISTERED: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
+
+/// Records `at`, a stack address in the frame of the guard's poll the calling thread
+/// enters, and returns the outer poll's (0: none), which [`leave`] puts back.
+#[inline]
+pub(crate) fn enter(at: usize) -> usize {
+    POLL_FRAME.with(|frame| {
+        let outer = frame.load(Ordering::Relaxed);
+        frame.store(at, Ordering::Relaxed);
+        outer
+    })
+}
+
+/// Puts back the outer poll's frame address at a poll's exit (see [`enter`]).
+#[inline]
+pub(crate) fn leave(outer: usize) {
+    POLL_FRAME.with(|frame| frame.store(outer, Ordering::Relaxed));
+}
+
+/// The calling thread's registration, held by the thread until it ends; its drop
+/// withdraws it. It cannot leave the thread (its cell is the thread's).
 #[derive(Debug)]
 pub(crate) struct Anchor {
     tid: Option<u32>,
-    cell: Arc<AtomicUsize>,
+    _on_this_thread: PhantomData<*const ()>,
 }
 
 impl Anchor {
-    /// The calling thread's cell, registered under its kernel `tid` when known.
+    /// Registers the calling thread's cell under its kernel `tid`, when known.
     pub(crate) fn register(tid: Option<u32>) -> Self {
-        let cell = Arc::new(AtomicUsize::new(0));
         if let Some(tid) = tid {
-            ANCHORS
+            let cell = POLL_FRAME.with(|frame| std::ptr::from_ref(frame).expose_provenance());
+            REGISTERED
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push((tid, Arc::clone(&cell)));
+                .push((tid, cell));
         }
-        Self { tid, cell }
-    }
-
-    /// Records `at`, a stack address in the poll frame just entered, and returns the
-    /// outer poll's (0: none), for [`Self::restore`] at the exit.
-    #[inline]
-    pub(crate) fn enter(&self, at: usize) -> usize {
-        let outer = self.cell.load(Ordering::Relaxed);
-        self.cell.store(at, Ordering::Relaxed);
-        outer
-    }
-
-    /// Puts back the outer poll's address at a poll's exit.
-    #[inline]
-    pub(crate) fn restore(&self, outer: usize) {
-        self.cell.store(outer, Ordering::Relaxed);
+        Self {
+            tid,
+            _on_this_thread: PhantomData,
+        }
     }
 }
 
 impl Drop for Anchor {
     fn drop(&mut self) {
-        if let Some(tid) = self.tid {
-            let mut anchors = ANCHORS.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(at) = anchors
-                .iter()
-                .position(|(t, cell)| *t == tid && Arc::ptr_eq(cell, &self.cell))
-            {
-                anchors.swap_remove(at);
-            }
+        let Some(tid) = self.tid else {
+            return;
+        };
+        let cell = POLL_FRAME.with(|frame| std::ptr::from_ref(frame).expose_provenance());
+        let mut registered = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = registered.iter().position(|r| *r == (tid, cell)) {
+            registered.swap_remove(at);
         }
     }
 }
 
 /// The stack address of the guard's poll that thread `tid` is in, if it is in one.
-#[cfg_attr(
-    not(all(feature = "stack-capture", target_os = "linux")),
-    allow(dead_code)
-)]
 pub(crate) fn of(tid: u32) -> Option<usize> {
-    let anchors = ANCHORS.lock().unwrap_or_else(|p| p.into_inner());
-    let (_, cell) = anchors.iter().find(|(t, _)| *t == tid)?;
-    Some(cell.load(Ordering::Relaxed)).filter(|&at| at != 0)
+    let registered = REGISTERED.lock().unwrap_or_else(|p| p.into_inner());
+    let &(_, cell) = registered.iter().find(|(t, _)| *t == tid)?;
+    // SAFETY: `cell` is the address of thread `tid`'s `POLL_FRAME`, registered by that
+    // thread and withdrawn by it (under this lock) before it ends, while its thread-locals
+    // are still in place: while the lock is held and the entry is here, the cell is
+    // alive. It is an atomic, so reading it beside its thread's stores is no data race.
+    let frame = unsafe { &*std::ptr::with_exposed_provenance::<AtomicUsize>(cell) };
+    Some(frame.load(Ordering::Relaxed)).filter(|&at| at != 0)
 }
 
 #[cfg(test)]
@@ -79,24 +94,23 @@ mod tests {
 
     #[test]
     fn a_poll_inside_a_poll_gives_the_outer_one_back() {
-        let anchor = Anchor::register(Some(u32::MAX - 1));
-        assert_eq!(of(u32::MAX - 1), None, "in no poll");
-        let outer = anchor.enter(0x7000);
-        let inner = anchor.enter(0x6000);
-        assert_eq!(of(u32::MAX - 1), Some(0x6000));
-        anchor.restore(inner);
-        assert_eq!(of(u32::MAX - 1), Some(0x7000));
-        anchor.restore(outer);
-        assert_eq!(of(u32::MAX - 1), None);
-        drop(anchor);
-        assert_eq!(of(u32::MAX - 1), None);
-        assert!(
-            !ANCHORS
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|(t, _)| *t == u32::MAX - 1),
-            "withdrawn"
-        );
+        std::thread::spawn(|| {
+            let tid = crate::guard::kernel_tid();
+            let anchor = Anchor::register(tid);
+            let tid = tid.unwrap();
+            assert_eq!(of(tid), None, "in no poll");
+            let outer = enter(0x7000);
+            let inner = enter(0x6000);
+            assert_eq!(of(tid), Some(0x6000));
+            leave(inner);
+            assert_eq!(of(tid), Some(0x7000));
+            leave(outer);
+            assert_eq!(of(tid), None);
+            enter(0x7000);
+            drop(anchor);
+            assert_eq!(of(tid), None, "withdrawn");
+        })
+        .join()
+        .unwrap();
     }
 }
