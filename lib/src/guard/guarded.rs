@@ -91,21 +91,25 @@ where
             unreachable!("the reconcile is only taken together with the guard");
         };
 
+        // The guard's waker, which dates wakes, borrowed from the guard's reference: no
+        // count changes unless the reconcile keeps a clone.
+        let waker = futures::task::waker_ref(entry);
+        let mut dated = Context::from_waker(&waker);
+        // Where this frame is, so that a capture can check that its walk went through
+        // it; recorded before the poll is published (see `Entry::poll_begins`).
+        let outer_frame = thread::enter_poll_frame((&raw const dated).addr());
         entry.poll_begins();
         if *this.publish {
             thread::swap_current(this.lent);
         }
         let outer_label = thread::swap_label(None);
-        // The guard's waker, which dates wakes, borrowed from the guard's reference: no
-        // count changes unless the reconcile keeps a clone.
-        let waker = futures::task::waker_ref(entry);
-        let mut dated = Context::from_waker(&waker);
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
         let label = thread::swap_label(outer_label);
         if *this.publish {
             thread::swap_current(this.lent);
         }
         entry.poll_ends();
+        thread::leave_poll_frame(outer_frame);
 
         match polled {
             Ok(Poll::Pending) => {

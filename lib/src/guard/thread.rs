@@ -29,11 +29,18 @@ pub struct ThreadInfo {
 static NEXT_SLOT: AtomicU64 = AtomicU64::new(1);
 static THREADS: LazyLock<DashMap<u64, ThreadInfo>> = LazyLock::new(DashMap::new);
 
-struct Slot(u64);
+struct Slot {
+    id: u64,
+    /// The thread's alternate signal stack, so that a capture may signal it while it
+    /// runs; released when the thread ends.
+    _alt_stack: crate::stack::AltStack,
+    /// Where the guard's poll frame is while the thread is in one, for captures.
+    _anchor: crate::stack::anchor::Anchor,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        THREADS.remove(&self.0);
+        THREADS.remove(&self.id);
     }
 }
 
@@ -45,8 +52,13 @@ thread_local! {
         // Once per thread, never per poll: which runtime's threads the watchdog's rescue
         // may name.
         let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
-        THREADS.insert(slot, ThreadInfo { name, tid: kernel_tid(), runtime });
-        Slot(slot)
+        let tid = kernel_tid();
+        THREADS.insert(slot, ThreadInfo { name, tid, runtime });
+        Slot {
+            id: slot,
+            _alt_stack: crate::stack::prepare_thread(),
+            _anchor: crate::stack::anchor::Anchor::register(tid),
+        }
     };
 }
 
@@ -116,7 +128,21 @@ pub(crate) fn offer_label(label: &'static str) {
 /// The calling thread's slot (never 0).
 #[inline]
 pub(crate) fn current_slot() -> u64 {
-    SLOT.with(|s| s.0)
+    SLOT.with(|s| s.id)
+}
+
+/// Records `at`, a stack address in the frame of the guard's poll the thread enters, for
+/// a capture of the thread to check its walk against; returns the outer poll's, which
+/// [`leave_poll_frame`] puts back.
+#[inline]
+pub(crate) fn enter_poll_frame(at: usize) -> usize {
+    crate::stack::anchor::enter(at)
+}
+
+/// Puts back the outer poll's frame address (see [`enter_poll_frame`]).
+#[inline]
+pub(crate) fn leave_poll_frame(outer: usize) {
+    crate::stack::anchor::leave(outer);
 }
 
 /// What is known of the thread in `slot`, while it lives.
@@ -224,6 +250,23 @@ mod tests {
             .unwrap()
             .expect("info while the thread lives");
         assert_eq!(seen.runtime, Some(runtime.handle().id()));
+    }
+
+    #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+    #[test]
+    fn a_thread_the_guard_sees_gets_an_alternate_signal_stack() {
+        use crate::stack::alt_stack::tests::{drop_alternate_stack, has_alternate_stack};
+        std::thread::spawn(|| {
+            drop_alternate_stack();
+            assert!(!has_alternate_stack());
+            current_slot();
+            assert!(
+                has_alternate_stack(),
+                "installed at the thread's first slot"
+            );
+        })
+        .join()
+        .unwrap();
     }
 
     #[tokio::test]

@@ -3,14 +3,18 @@
 //! [`KernelState`] reads `/proc/self/task/<tid>/` and needs no privilege beyond being
 //! the same process. [`capture`] never interrupts a thread blocked in the kernel: it
 //! unwinds such a thread from the registers the kernel shows for it (the `parked`
-//! module, x86_64). Only a thread running in user space (a busy loop), which no signal
-//! can interrupt in a system call, is sent a signal, whose handler copies its
-//! registers and holds it still while its stack is copied (the `signal` module). Either
+//! module, x86_64). Only a thread seen running in user space (a busy loop), and known
+//! to have an alternate signal stack (the `alt_stack` module), is sent a signal, whose
+//! handler copies its registers and holds it still while its stack is copied (the
+//! `signal` module). Either
 //! way the stack is unwound on the calling thread, by the one unwinder of the `parked`
 //! module, and symbols are resolved there too. All of it is behind the `stack-capture`
 //! feature, Linux only. Where capture is unavailable, reports fall back to the
 //! thread's name and kernel state.
 
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(crate) mod alt_stack;
+pub(crate) mod anchor;
 mod kernel;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod parked;
@@ -139,6 +143,15 @@ pub enum Error {
         "thread {tid} is blocked in the kernel, which this architecture cannot unwind without interrupting it"
     )]
     BlockedUnwindUnsupported {
+        /// The kernel thread id.
+        tid: u32,
+    },
+    /// The thread is running, but not known to have an alternate signal stack for the
+    /// capture's handler (threads the guard polls on get one): it is not signalled.
+    #[error(
+        "thread {tid} has no alternate signal stack known to the capture (the guard gives one to the threads it polls on); not signalling it"
+    )]
+    NoAlternateStack {
         /// The kernel thread id.
         tid: u32,
     },
@@ -327,6 +340,26 @@ fn short_path(path: &std::path::Path) -> String {
     path
 }
 
+/// A thread's readiness for the capture signal (its alternate signal stack), held by the
+/// thread for its life: see [`prepare_thread`].
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(crate) use alt_stack::AltStack;
+
+/// Without stack capture, nothing to hold.
+#[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+#[derive(Debug)]
+pub(crate) struct AltStack;
+
+/// Makes the calling thread one that a capture may signal while it runs: gives it an
+/// alternate signal stack when it has none. Called once per thread (by the guard, at the
+/// thread's first guarded poll); the thread keeps what it returns until it ends.
+pub(crate) fn prepare_thread() -> AltStack {
+    #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+    return alt_stack::prepare();
+    #[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+    AltStack
+}
+
 /// Returns to the kernel the heap that resolving symbols freed: call it once a batch
 /// of captures is done. Resolving keeps nothing between stacks.
 pub fn release_symbols() {
@@ -335,7 +368,10 @@ pub fn release_symbols() {
 }
 
 /// Captures the native stack of thread `tid` of this process, waiting at most
-/// `timeout` for it, and resolves every frame.
+/// `timeout` for it, and resolves every frame. A thread running in user space is
+/// captured only if a guarded reconcile has been polled on it (which gives it the
+/// alternate signal stack the capture's handler runs on); another is
+/// [`Error::NoAlternateStack`].
 pub fn capture(tid: u32, timeout: Duration) -> Result<Stack, Error> {
     capture_until(tid, timeout, |_| false)
 }
@@ -422,7 +458,10 @@ fn capture_impl(
     is_last: &dyn Fn(&Frame) -> bool,
     before_recheck: &dyn Fn(),
 ) -> Result<Stack, Error> {
-    let (unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
+    let (mut unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
+    if let Some(poll_frame) = anchor::of(tid) {
+        check_against_the_poll_frame(&mut unwound, poll_frame as u64);
+    }
     let addresses = &unwound.addresses;
     let started = Instant::now();
     // Each file's symbols are opened once per stack.
@@ -453,6 +492,69 @@ fn capture_impl(
             .filter(|_| !ends_at_a_thread_entry(addresses)),
         missing_symbols: symbols.missing(resolved),
     })
+}
+
+/// Whether `frame` is the guard's poll (`Guarded::poll` or code inlined into it).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn is_the_guards_poll(frame: &Frame) -> bool {
+    frame
+        .file
+        .as_deref()
+        .is_some_and(|file| file.ends_with("src/guard/guarded.rs"))
+        || frame
+            .function
+            .as_deref()
+            .is_some_and(|f| f.starts_with("<reconcile_watchdog::guard::guarded::Guarded<"))
+}
+
+/// Checks a walk against the stack address the guard recorded in its poll frame: the
+/// walk must have gone through that frame, and found the guard's poll there. A walk that
+/// ended below it says so, unless it said why already; one that found another function
+/// there went astray somewhere below it (each step was vouched for, but the walk as a
+/// whole is not), and keeps only its frames below that address, saying so. Never a stack
+/// shown as whole that did not reach the guard's poll.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn check_against_the_poll_frame(unwound: &mut parked::Unwound, poll_frame: u64) {
+    let starts: Vec<(usize, u64)> = unwound
+        .frame_starts
+        .iter()
+        .enumerate()
+        .filter_map(|(n, start)| start.map(|start| (n, start)))
+        .collect();
+    // The frame that holds the address: it starts below it, and its caller above it.
+    let holder = starts
+        .windows(2)
+        .find(|pair| pair[0].1 <= poll_frame && poll_frame < pair[1].1)
+        .map(|pair| (pair[0].0, pair[1].0));
+    let Some((from, to)) = holder else {
+        if unwound.stopped_early.is_none()
+            && let Some(last) = unwound.addresses.last()
+        {
+            unwound.stopped_early = Some(format!(
+                "frames above {:#x} could not be unwound: the unwind ended before the guard's poll frame (at {poll_frame:#x} on the stack)",
+                last.ip
+            ));
+        }
+        return;
+    };
+    let lookups: Vec<(usize, usize)> = unwound.addresses[from..to]
+        .iter()
+        .map(|a| (a.ip, a.lookup))
+        .collect();
+    let resolved = symbols::resolve(&lookups, &|_| false);
+    let frames: Vec<&Frame> = resolved.frames.iter().flatten().collect();
+    // Without symbols the frame cannot be told by name: its place is what is checked.
+    let named = frames.iter().any(|f| f.function.is_some());
+    if !named || frames.iter().any(|f| is_the_guards_poll(f)) {
+        return;
+    }
+    let keep = from.max(1);
+    let below = unwound.addresses[keep - 1].ip;
+    unwound.addresses.truncate(keep);
+    unwound.frame_starts.truncate(keep);
+    unwound.stopped_early = Some(format!(
+        "frames above {below:#x} could not be unwound: the unwind did not go through the guard's poll frame (at {poll_frame:#x} on the stack), so the frames it found above cannot be vouched for"
+    ));
 }
 
 /// How far past an interrupted instruction without a line to look for one.
@@ -796,6 +898,7 @@ mod tests {
     ) -> (u32, std::thread::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::spawn(move || {
+            let _ready = alt_stack::prepare();
             tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
             body();
         });
@@ -878,6 +981,99 @@ mod tests {
         assert_eq!(stack.stopped_early, None, "{stack}");
         assert!(stack.mentions("std::thread"), "{stack}");
         stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    fn a_running_thread_without_an_alternate_stack_is_not_signalled() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let handle = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                alt_stack::tests::drop_alternate_stack();
+                tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+                spinning_without_a_break(&stop);
+            })
+        };
+        let tid = rx.recv().unwrap();
+        let err = capture(tid, TIMEOUT).expect_err("not signalled");
+        assert!(matches!(err, Error::NoAlternateStack { .. }), "{err}");
+        assert!(err.to_string().contains("alternate signal stack"), "{err}");
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+    }
+
+    /// Runs `body` inside the poll of a guarded reconcile on a thread of its own.
+    fn guarded_thread(body: impl FnOnce() + Send + 'static) -> (u32, std::thread::JoinHandle<()>) {
+        thread_running(move || {
+            let registry = crate::guard::Registry::new(Duration::from_secs(60));
+            let mut body = Some(body);
+            let reconcile = std::future::poll_fn(move |_| {
+                (body.take().expect("polled once"))();
+                std::task::Poll::Ready(Ok::<(), ()>(()))
+            });
+            let guarded = std::pin::pin!(
+                registry
+                    .controller("stack", "Widget")
+                    .guard(crate::guard::ObjectKey::cluster("a"), reconcile)
+            );
+            let polled =
+                guarded.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+            assert!(polled.is_ready());
+        })
+    }
+
+    #[test]
+    fn a_stack_through_the_guards_poll_is_whole() {
+        let lock = Arc::new(Mutex::new(()));
+        let held = lock.lock().unwrap();
+        let (tid, handle) = {
+            let lock = Arc::clone(&lock);
+            guarded_thread(move || blocked_on_a_held_lock(&lock))
+        };
+        let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
+        assert!(anchor::of(tid).is_some(), "the poll's frame is recorded");
+        assert!(stack.mentions("guard::guarded::Guarded"), "{stack}");
+        assert_eq!(stack.stopped_early, None, "{stack}");
+        drop(held);
+        handle.join().unwrap();
+        assert_eq!(anchor::of(tid), None, "withdrawn with the thread");
+    }
+
+    /// Blocks with the thread's poll frame recorded in this function's frame, as if the
+    /// guard's poll were here: an unwind that goes through it finds another function.
+    #[inline(never)]
+    fn blocked_under_a_false_poll_frame(lock: &Mutex<()>) {
+        let here = 0_u8;
+        anchor::enter(std::hint::black_box(&raw const here).addr());
+        blocked_on_a_held_lock(lock);
+        std::hint::black_box(&here);
+    }
+
+    #[test]
+    fn a_stack_that_does_not_go_through_the_guards_poll_is_cut_where_it_left_it() {
+        let lock = Arc::new(Mutex::new(()));
+        let held = lock.lock().unwrap();
+        let (tid, handle) = {
+            let lock = Arc::clone(&lock);
+            thread_running(move || {
+                let _anchor = anchor::Anchor::register(crate::guard::kernel_tid());
+                blocked_under_a_false_poll_frame(&lock);
+            })
+        };
+        let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
+        assert!(
+            !stack.mentions("blocked_under_a_false_poll_frame"),
+            "{stack}"
+        );
+        assert!(!stack.mentions("std::thread"), "{stack}");
+        let why = stack.stopped_early.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("did not go through the guard's poll frame"),
+            "{stack}"
+        );
+        drop(held);
         handle.join().unwrap();
     }
 

@@ -101,6 +101,10 @@ pub(super) struct Address {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Unwound {
     pub(super) addresses: Vec<Address>,
+    /// For each of `addresses`, where its frame starts on the stack, where known: the
+    /// stack pointer for the innermost, the slot its return address was read from for
+    /// the others (a frame shown for a tail call has none of its own).
+    pub(super) frame_starts: Vec<Option<u64>>,
     pub(super) stopped_early: Option<String>,
 }
 
@@ -604,7 +608,15 @@ mod native {
             guessed_past: Option<&[Address]>,
         ) -> Result<Unwound, Failure> {
             let regs = self.regs(registers, fp)?;
-            let mut read = |address| stack.word(address);
+            // The words each step reads, to tell which slot its return address was in.
+            let reads = std::cell::RefCell::new(Vec::<(u64, u64)>::new());
+            let mut read = |address| {
+                let word = stack.word(address);
+                if let Ok(word) = word {
+                    reads.borrow_mut().push((address, word));
+                }
+                word
+            };
             let mut frames =
                 self.unwinder
                     .iter_frames(registers.pc, regs, &mut self.cache, &mut read);
@@ -614,6 +626,7 @@ mod native {
             };
             let mut out = Unwound::default();
             while out.addresses.len() < max_frames {
+                reads.borrow_mut().clear();
                 let frame = match frames.next() {
                     Ok(Some(frame)) => frame,
                     // The outermost frame, or one whose caller is marked as none.
@@ -627,6 +640,16 @@ mod native {
                 let address = Address {
                     ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
                     lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
+                };
+                let frame_start = if out.addresses.is_empty() {
+                    Some(registers.sp)
+                } else {
+                    reads
+                        .borrow()
+                        .iter()
+                        .rev()
+                        .find(|(_, word)| *word == frame.address())
+                        .map(|(at, _)| *at)
                 };
                 if let Some(below) = out.addresses.last() {
                     let index = out.addresses.len();
@@ -647,6 +670,7 @@ mod native {
                                 ip: start,
                                 lookup: start,
                             });
+                            out.frame_starts.push(None);
                             if out.addresses.len() >= max_frames {
                                 break;
                             }
@@ -671,6 +695,7 @@ mod native {
                     }
                 }
                 out.addresses.push(address);
+                out.frame_starts.push(frame_start);
             }
             Ok(out)
         }

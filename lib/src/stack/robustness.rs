@@ -112,6 +112,7 @@ fn a_thread_spinning_at_the_end_of_a_small_stack_is_captured_without_overflow() 
         std::thread::Builder::new()
             .stack_size(64 * 1024)
             .spawn(move || {
+                let _ready = crate::stack::alt_stack::prepare();
                 tid.store(crate::guard::kernel_tid().unwrap(), Ordering::Release);
                 // Less than the kernel's signal frame with the AVX-512 state (about
                 // 2.5 KiB): without the alternate stack, the signal would overflow it.

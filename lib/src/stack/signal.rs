@@ -7,8 +7,8 @@
 //! compare-exchanges, `gettid`, `clock_gettime` and `futex`, all on memory that is
 //! always valid. It never unwinds, allocates, locks or formats: the caller unwinds the
 //! copy on its own thread (the `parked` module's unwinder). It runs on the thread's
-//! alternate signal stack where there is one (every thread Rust's standard library
-//! starts has one), so a thread at the end of its stack is not pushed over it. Every
+//! alternate signal stack, so a thread at the end of its stack is not pushed over it:
+//! only a thread known to have one is signalled (see the `alt_stack` module). Every
 //! wait on either side is bounded: a handler that never runs (signal blocked, thread
 //! stopped or gone) costs the caller one timeout, and a caller that never comes back
 //! costs the thread [`HOLD`] at most.
@@ -160,6 +160,9 @@ pub(super) fn arm(tid: u32) -> Result<Armed, Error> {
             signal,
             owner: owner.describe(),
         });
+    }
+    if !super::alt_stack::is_ready(tid) {
+        return Err(Error::NoAlternateStack { tid });
     }
     if tid >= 1 << (32 - PHASE_BITS) {
         return Err(Error::NoSuchThread {
@@ -533,6 +536,7 @@ mod tests {
                     libc::pthread_sigmask(libc::SIG_BLOCK, &all, std::ptr::null_mut());
                 }
             }
+            let _ready = crate::stack::alt_stack::prepare();
             tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
             body();
         });
@@ -653,11 +657,20 @@ mod tests {
     fn signalling_a_thread_that_has_ended_is_no_such_thread() {
         let _one = one_capture_at_a_time();
         install().expect("installed");
-        let (tid, handle) = thread(false, || {});
-        handle.join().unwrap();
+        let (end, ended) = mpsc::channel::<()>();
+        let (tid, handle) = thread(false, move || {
+            let _ = ended.recv();
+        });
+        // Armed while it lives; it ends before the signal.
         let armed = arm(tid).expect("armed");
+        drop(end);
+        handle.join().unwrap();
         let err = armed.send().expect_err("no thread to signal");
         assert!(matches!(err, Error::NoSuchThread { .. }), "{err}");
+        drop(armed);
+        // Once ended, it is not armed for at all: it has no alternate stack any more.
+        let err = arm(tid).err().expect("refused");
+        assert!(matches!(err, Error::NoAlternateStack { .. }), "{err}");
     }
 
     #[test]
@@ -776,6 +789,7 @@ mod blocked_calls {
             let thread = {
                 let (interrupted, stop) = (Arc::clone(&interrupted), Arc::clone(&stop));
                 std::thread::spawn(move || {
+                    let _ready = crate::stack::alt_stack::prepare();
                     tid_tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
                     while !stop.load(Ordering::Relaxed) {
                         let eintr = match call {

@@ -1,0 +1,251 @@
+//! The alternate signal stack a thread must have before the capture signal is sent to it.
+//!
+//! The capture's handler runs with `SA_ONSTACK`: on the thread's alternate signal stack,
+//! so that a thread interrupted near the end of its own stack is not pushed over it. Only
+//! some threads have one (the standard library installs one on the threads it starts,
+//! and on the main thread, when the program's `main` is Rust's), and a thread's can only
+//! be queried by the thread itself. So each thread the guard polls on calls [`prepare`]
+//! once: it installs a stack where the thread has none, and records the thread as ready;
+//! a capture signals only threads recorded here. The stack is released, and the record
+//! dropped, when the thread ends.
+#![allow(unsafe_code)]
+
+use std::sync::Mutex;
+
+/// The kernel tids of the live threads known to have an alternate signal stack.
+static READY: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// `AT_MINSIGSTKSZ` (the kernel's minimum for a signal frame on this CPU, larger than
+/// `MINSIGSTKSZ` with wide vector registers); not in every `libc` crate's constants.
+const AT_MINSIGSTKSZ: libc::c_ulong = 51;
+
+/// Room for the handler's own frames above the kernel's signal frame (it calls only
+/// `gettid`, `clock_gettime` and `futex`).
+const HANDLER_ROOM: usize = 8 * 1024;
+
+/// A thread's readiness for the capture signal, held by the thread for its life: its
+/// drop, at the thread's end, withdraws the record and releases a stack installed here.
+#[derive(Debug)]
+pub(crate) struct AltStack {
+    /// The thread's kernel tid, when it was recorded as ready.
+    tid: Option<u32>,
+    /// The mapping installed here (its start, with the guard page, and its length).
+    ours: Option<(usize, usize)>,
+}
+
+/// Makes the calling thread ready for the capture signal: records it when it has an
+/// alternate signal stack, installing one first when it has none. A thread where that
+/// fails is not recorded (captures of it while it runs are refused, and say why).
+pub(crate) fn prepare() -> AltStack {
+    let mut prepared = AltStack {
+        tid: None,
+        ours: None,
+    };
+    let Some(tid) = gettid() else {
+        return prepared;
+    };
+    match current() {
+        Some(stack) if stack.ss_flags & libc::SS_DISABLE == 0 => {}
+        Some(_) => match install() {
+            Some(ours) => prepared.ours = Some(ours),
+            None => return prepared,
+        },
+        None => return prepared,
+    }
+    READY.lock().unwrap_or_else(|p| p.into_inner()).push(tid);
+    prepared.tid = Some(tid);
+    prepared
+}
+
+/// Whether thread `tid` is recorded as having an alternate signal stack.
+pub(crate) fn is_ready(tid: u32) -> bool {
+    READY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&tid)
+}
+
+impl Drop for AltStack {
+    fn drop(&mut self) {
+        // The record first: no capture signals the thread from here on. A signal sent
+        // just before still finds the stack, or, once it is disabled, the thread's own
+        // (a handler that runs completes before the thread goes on to the release).
+        if let Some(tid) = self.tid {
+            let mut ready = READY.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = ready.iter().position(|t| *t == tid) {
+                ready.swap_remove(at);
+            }
+        }
+        let Some((start, len)) = self.ours else {
+            return;
+        };
+        // Released only if it is still the thread's, and not in use: a stack someone
+        // replaced ours with may have saved ours to put back, so ours is then left
+        // mapped (a few pages, once per such thread) rather than risk a handler on
+        // unmapped memory.
+        let Some(now) = current() else {
+            return;
+        };
+        if now.ss_sp as usize != start + page_size() || now.ss_flags & libc::SS_ONSTACK != 0 {
+            return;
+        }
+        let disable = libc::stack_t {
+            ss_sp: std::ptr::null_mut(),
+            ss_flags: libc::SS_DISABLE,
+            ss_size: 0,
+        };
+        // SAFETY: `disable` is a valid `stack_t`; a null old stack is allowed.
+        if unsafe { libc::sigaltstack(&disable, std::ptr::null_mut()) } != 0 {
+            return;
+        }
+        // SAFETY: `start..start + len` is the mapping `install` made, no longer the
+        // thread's alternate stack and used by nothing else.
+        unsafe {
+            libc::munmap(start as *mut libc::c_void, len);
+        }
+    }
+}
+
+/// The calling thread's alternate signal stack, as `sigaltstack` reports it.
+fn current() -> Option<libc::stack_t> {
+    let mut stack = libc::stack_t {
+        ss_sp: std::ptr::null_mut(),
+        ss_flags: 0,
+        ss_size: 0,
+    };
+    // SAFETY: with a null new stack `sigaltstack` only writes `stack`, a valid `stack_t`.
+    (unsafe { libc::sigaltstack(std::ptr::null(), &mut stack) } == 0).then_some(stack)
+}
+
+/// Maps a stack with a guard page below it and makes it the calling thread's alternate
+/// signal stack: the mapping's start and length.
+fn install() -> Option<(usize, usize)> {
+    let page = page_size();
+    // SAFETY: `getauxval` reads the process's auxiliary vector; 0 when the entry is
+    // missing (kernels before 5.14).
+    let minimum = unsafe { libc::getauxval(AT_MINSIGSTKSZ) } as usize;
+    let size = (libc::SIGSTKSZ.max(minimum) + HANDLER_ROOM).next_multiple_of(page);
+    let len = size + page;
+    // SAFETY: an anonymous private mapping at an address the kernel chooses.
+    let start = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if start == libc::MAP_FAILED {
+        return None;
+    }
+    // The lowest page catches an overflow of the alternate stack as a fault instead of
+    // a write into whatever lies below.
+    // SAFETY: the first page of the mapping just made.
+    let guarded = unsafe { libc::mprotect(start, page, libc::PROT_NONE) } == 0;
+    let stack = libc::stack_t {
+        ss_sp: start.wrapping_byte_add(page),
+        ss_flags: 0,
+        ss_size: size,
+    };
+    // SAFETY: `stack` describes `size` writable bytes of the mapping, which stays mapped
+    // until the drop of the `AltStack` that owns it has disabled it.
+    if !guarded || unsafe { libc::sigaltstack(&stack, std::ptr::null_mut()) } != 0 {
+        // SAFETY: the mapping just made, used by nothing.
+        unsafe { libc::munmap(start, len) };
+        return None;
+    }
+    Some((start as usize, len))
+}
+
+fn page_size() -> usize {
+    // SAFETY: `sysconf` has no preconditions.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+}
+
+fn gettid() -> Option<u32> {
+    // SAFETY: gettid is a system call without arguments or preconditions.
+    u32::try_from(unsafe { libc::syscall(libc::SYS_gettid) }).ok()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Disables the calling thread's alternate signal stack, whoever installed it (the
+    /// standard library's is released by it at the thread's end, disabled or not).
+    pub(crate) fn drop_alternate_stack() {
+        let disable = libc::stack_t {
+            ss_sp: std::ptr::null_mut(),
+            ss_flags: libc::SS_DISABLE,
+            ss_size: 0,
+        };
+        // SAFETY: `disable` is a valid `stack_t`; a null old stack is allowed.
+        assert_eq!(
+            unsafe { libc::sigaltstack(&disable, std::ptr::null_mut()) },
+            0
+        );
+    }
+
+    /// Whether the calling thread has an alternate signal stack.
+    pub(crate) fn has_alternate_stack() -> bool {
+        current().is_some_and(|s| s.ss_flags & libc::SS_DISABLE == 0)
+    }
+
+    #[test]
+    fn a_thread_without_an_alternate_stack_gets_one_until_it_ends() {
+        let (tid, installed) = std::thread::spawn(|| {
+            drop_alternate_stack();
+            assert!(!has_alternate_stack());
+            let tid = gettid().unwrap();
+            assert!(!is_ready(tid));
+            let prepared = prepare();
+            assert!(has_alternate_stack(), "installed");
+            assert!(is_ready(tid));
+            let installed = prepared.ours.is_some();
+            drop(prepared);
+            assert!(!has_alternate_stack(), "released with its owner");
+            assert!(!is_ready(tid));
+            // Held for the thread's life this time, as the guard's threads hold it.
+            thread_local! {
+                static HELD: AltStack = prepare();
+            }
+            HELD.with(|_| ());
+            (tid, installed)
+        })
+        .join()
+        .unwrap();
+        assert!(installed);
+        assert!(!is_ready(tid), "withdrawn at the thread's end");
+    }
+
+    #[test]
+    fn a_thread_with_an_alternate_stack_keeps_its_own() {
+        std::thread::spawn(|| {
+            let mut theirs = vec![0u8; 64 * 1024];
+            let stack = libc::stack_t {
+                ss_sp: theirs.as_mut_ptr().cast(),
+                ss_flags: 0,
+                ss_size: theirs.len(),
+            };
+            // SAFETY: `theirs` outlives the stack's use: it is disabled below first.
+            assert_eq!(
+                unsafe { libc::sigaltstack(&stack, std::ptr::null_mut()) },
+                0
+            );
+            let prepared = prepare();
+            assert!(prepared.ours.is_none(), "not replaced");
+            assert!(is_ready(gettid().unwrap()));
+            drop(prepared);
+            assert_eq!(
+                current().unwrap().ss_sp,
+                theirs.as_mut_ptr().cast(),
+                "left in place"
+            );
+            drop_alternate_stack();
+        })
+        .join()
+        .unwrap();
+    }
+}
