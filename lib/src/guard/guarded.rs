@@ -11,7 +11,7 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::entry::{Entry, Outcome};
-use super::registry::Guard;
+use super::reconcile_guard::Guard;
 use super::thread;
 
 /// Why a guarded reconcile produced no result of its own.
