@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 
 use super::entry::{Entry, Outcome};
 use super::reconcile_guard::Guard;
-use super::thread;
+use super::{current, thread};
 
 /// Why a guarded reconcile produced no result of its own.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pin_project! {
 impl<F> Guarded<F> {
     /// Runs `reconcile` under `guard`.
     pub fn new(guard: Guard, reconcile: F) -> Self {
-        let publish = thread::attributing();
+        let publish = current::attributing();
         Self {
             lent: publish.then(|| guard.lend()),
             publish,
@@ -93,7 +93,7 @@ where
 
         entry.poll_begins();
         if *this.publish {
-            thread::swap_current(this.lent);
+            current::swap_current(this.lent);
         }
         let outer_label = thread::swap_label(None);
         // The guard's waker, which dates wakes, borrowed from the guard's reference: no
@@ -103,7 +103,7 @@ where
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
         let label = thread::swap_label(outer_label);
         if *this.publish {
-            thread::swap_current(this.lent);
+            current::swap_current(this.lent);
         }
         entry.poll_ends();
 

@@ -11,6 +11,7 @@
 
 pub(crate) mod clock;
 mod controller;
+mod current;
 mod deadlines;
 mod entry;
 mod fanout;
@@ -52,7 +53,7 @@ pub(crate) use thread::offer_label;
 pub(crate) use thread::task_id_number;
 // What the kube integration's request layer uses.
 #[cfg(feature = "_kube")]
-pub(crate) use thread::{attribute_requests, current_entry};
+pub(crate) use current::{attribute_requests, current_entry};
 #[cfg(feature = "_kube")]
 pub(crate) use waits::Outgoing;
 pub use waits::{RequestWait, Waiting};
