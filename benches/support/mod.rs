@@ -23,7 +23,7 @@ use reconcile_watchdog::monitor::{Config, Verdict};
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
 pub const DEADLINE: Duration = Duration::from_secs(300);
 
-/// The registry's shard count (`guard::registry::SHARDS`, private to the crate).
+/// The registry's shard count (`guard::map::SHARDS`, private to the crate).
 const REGISTRY_SHARDS: usize = 256;
 
 /// How one reconcile is run.

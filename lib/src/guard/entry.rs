@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::task::AtomicWaker;
 
 use super::clock;
-use super::registry::Controller;
+use super::controller::Controller;
 use super::state::StateWord;
 pub(crate) use super::state::{KEY_MASK, State, key_of};
 use super::thread::{self, ThreadInfo};

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::Outcome;
-use super::registry::{ControllerObserver, LateEnd, Observer};
+use super::observer::{ControllerObserver, LateEnd, Observer};
 
 /// Tells every observer it holds, in order, of every end.
 #[derive(Clone, Default)]

@@ -11,8 +11,8 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::entry::{Entry, Outcome};
-use super::registry::Guard;
-use super::thread;
+use super::reconcile_guard::Guard;
+use super::{current, thread};
 
 /// Why a guarded reconcile produced no result of its own.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pin_project! {
 impl<F> Guarded<F> {
     /// Runs `reconcile` under `guard`.
     pub fn new(guard: Guard, reconcile: F) -> Self {
-        let publish = thread::attributing();
+        let publish = current::attributing();
         Self {
             lent: publish.then(|| guard.lend()),
             publish,
@@ -100,13 +100,13 @@ where
         let outer_frame = thread::enter_poll_frame((&raw const dated).addr());
         entry.poll_begins();
         if *this.publish {
-            thread::swap_current(this.lent);
+            current::swap_current(this.lent);
         }
         let outer_label = thread::swap_label(None);
         let polled = catch_unwind(AssertUnwindSafe(|| reconcile.poll(&mut dated)));
         let label = thread::swap_label(outer_label);
         if *this.publish {
-            thread::swap_current(this.lent);
+            current::swap_current(this.lent);
         }
         entry.poll_ends();
         thread::leave_poll_frame(outer_frame);

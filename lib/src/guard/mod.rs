@@ -10,31 +10,41 @@
 //! controller).
 
 pub(crate) mod clock;
+mod controller;
+mod current;
+mod deadlines;
 mod entry;
 mod fanout;
 mod guarded;
+mod handle;
+mod map;
+mod observer;
+mod reconcile_guard;
 mod registry;
+mod spares;
 mod state;
 mod sync;
+#[cfg(test)]
+mod tests;
 mod thread;
 mod waits;
 
+pub use deadlines::{Deadlines, NEAR_MISS_SHARE};
 #[cfg(feature = "_kube")]
 pub(crate) use entry::Entry;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
+pub use handle::ControllerHandle;
 // The registry's hasher: crate-private, public only for this crate's own benchmarks.
 #[cfg(not(feature = "internals"))]
-pub(crate) use registry::BuildIdHasher;
+pub(crate) use map::BuildIdHasher;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
-pub use registry::{BuildIdHasher, IdHasher};
-pub use registry::{
-    ControllerCounts, ControllerHandle, ControllerObserver, Deadlines, Ended, Guard, Observer,
-    Registry,
-};
-pub use registry::{LateEnd, NEAR_MISS_SHARE};
+pub use map::{BuildIdHasher, IdHasher};
+pub use observer::{ControllerObserver, Ended, LateEnd, Observer};
+pub use reconcile_guard::Guard;
+pub use registry::{ControllerCounts, Registry};
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;
@@ -43,7 +53,7 @@ pub(crate) use thread::offer_label;
 pub(crate) use thread::task_id_number;
 // What the kube integration's request layer uses.
 #[cfg(feature = "_kube")]
-pub(crate) use thread::{attribute_requests, current_entry};
+pub(crate) use current::{attribute_requests, current_entry};
 #[cfg(feature = "_kube")]
 pub(crate) use waits::Outgoing;
 pub use waits::{RequestWait, Waiting};

@@ -9,7 +9,7 @@ use serde::Serialize;
 use warp::Filter;
 use warp::http::{Response, StatusCode, header};
 
-use super::routes::{get_or_head, no_trailing_slash, raw_query, text, with_fallbacks};
+use super::response::{get_or_head, no_trailing_slash, raw_query, text, with_fallbacks};
 use super::server::{Request, answer};
 use crate::deadlines::{self, Advisor};
 use crate::guard::{InFlight, PollState, Registry};

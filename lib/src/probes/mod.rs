@@ -9,6 +9,7 @@
 //! connections cannot get past.
 
 pub mod debug;
+mod response;
 pub mod routes;
 pub mod server;
 

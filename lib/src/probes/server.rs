@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use warp::Filter;
 use warp::http::{Method, Response};
 
-use super::routes::{head_without_body, not_found};
+use super::response::{head_without_body, not_found};
 use crate::block_on::block_on;
 
 /// Errors of starting an HTTP server.
