@@ -1,0 +1,170 @@
+//! The state the monitor publishes after each scan, and the liveness checks that read it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use super::heartbeat::Heartbeat;
+use super::verdict;
+use crate::health::Check;
+
+/// What the latest scan decided, for the health checks.
+#[derive(Debug, Default)]
+pub(super) struct Published {
+    pub(super) reconcilers_failure: Option<String>,
+    pub(super) runtime_failure: Option<String>,
+    /// How many reconciles were overdue.
+    pub(super) overdue: usize,
+}
+
+/// The state the monitor publishes and the checks read.
+#[derive(Debug)]
+pub struct Status {
+    pub(super) interval: Duration,
+    pub(super) beat: Arc<Heartbeat>,
+    pub(super) alive: AtomicBool,
+    pub(super) published: Mutex<Arc<Published>>,
+}
+
+impl Status {
+    pub(super) fn latest(&self) -> Arc<Published> {
+        Arc::clone(&self.published.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Publishes `unpublished`, unless a check holds the lock right now (cloning the
+    /// previous state, or preempted while it does): then it stays for the next try, as
+    /// the monitor never waits on a reader.
+    pub(super) fn try_publish(&self, unpublished: &mut Option<Arc<Published>>) {
+        let Some(published) = unpublished.take() else {
+            return;
+        };
+        let mut slot = match self.published.try_lock() {
+            Ok(slot) => slot,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                *unpublished = Some(published);
+                return;
+            }
+        };
+        let previous = std::mem::replace(&mut *slot, published);
+        drop(slot);
+        drop(previous);
+    }
+
+    /// How many reconciles the latest scan found overdue.
+    #[must_use]
+    pub fn overdue(&self) -> usize {
+        self.latest().overdue
+    }
+
+    /// `watchdog`: the monitor thread lives and has scanned within 3 intervals.
+    pub fn watchdog_check(&self, now: Instant) -> Result<(), String> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err("the watchdog thread has stopped".into());
+        }
+        let age = self.beat.age(now);
+        if age > self.interval * 3 {
+            return Err(format!(
+                "the watchdog has not scanned for {} (interval {})",
+                verdict::fmt_duration(age),
+                verdict::fmt_duration(self.interval)
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`watchdog_check`](Self::watchdog_check) now; when it finds the scans late,
+    /// the monitor gets up to one interval (at most a second) to scan before it fails:
+    /// after a pause of the whole process (SIGSTOP, a VM pause, a CFS throttle) the
+    /// probe server's thread may run before the monitor's.
+    pub(super) fn watchdog_check_waiting(&self) -> Result<(), String> {
+        let first = self.watchdog_check(Instant::now());
+        if first.is_ok() || !self.alive.load(Ordering::Acquire) {
+            return first;
+        }
+        let until = Instant::now() + self.interval.min(Duration::from_secs(1));
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+            if self.watchdog_check(Instant::now()).is_ok() {
+                return Ok(());
+            }
+        }
+        self.watchdog_check(Instant::now())
+    }
+}
+
+/// Reads one check's answer from the published status.
+pub(super) type ReadStatus = fn(&Status) -> Result<(), String>;
+
+pub(super) struct StatusCheck {
+    pub(super) name: &'static str,
+    pub(super) status: Arc<Status>,
+    pub(super) read: ReadStatus,
+}
+
+impl Check for StatusCheck {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn check(&self) -> Result<(), String> {
+        (self.read)(&self.status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watchdog_check_fails_when_scans_stop() {
+        let status = Status {
+            interval: Duration::from_secs(1),
+            beat: Heartbeat::new(),
+            alive: AtomicBool::new(true),
+            published: Mutex::default(),
+        };
+        let t0 = Instant::now();
+        status.beat.beat(t0);
+        assert!(status.watchdog_check(t0 + Duration::from_secs(3)).is_ok());
+        let err = status
+            .watchdog_check(t0 + Duration::from_secs(4))
+            .unwrap_err();
+        assert!(
+            err.starts_with("the watchdog has not scanned for 4s"),
+            "{err}"
+        );
+        status.alive.store(false, Ordering::Release);
+        assert_eq!(
+            status.watchdog_check(t0).unwrap_err(),
+            "the watchdog thread has stopped"
+        );
+    }
+
+    #[test]
+    fn the_watchdog_check_gives_a_late_monitor_one_interval_to_scan() {
+        let status = Arc::new(Status {
+            interval: Duration::from_millis(500),
+            beat: Heartbeat::new(),
+            alive: AtomicBool::new(true),
+            published: Mutex::default(),
+        });
+        // Scans stopped long ago, as across a pause of the whole process.
+        std::thread::sleep(Duration::from_millis(1600));
+        assert!(status.watchdog_check(Instant::now()).is_err());
+        let beating = {
+            let status = Arc::clone(&status);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                status.beat.beat(Instant::now());
+            })
+        };
+        assert_eq!(status.watchdog_check_waiting(), Ok(()));
+        beating.join().unwrap();
+
+        // A monitor that does not scan within the interval still fails the check.
+        std::thread::sleep(Duration::from_millis(1600));
+        let err = status.watchdog_check_waiting().unwrap_err();
+        assert!(err.starts_with("the watchdog has not scanned for"), "{err}");
+    }
+}
