@@ -67,9 +67,10 @@ fn scan(c: &mut Criterion) {
 fn observed(c: &mut Criterion) {
     use std::sync::Arc;
 
-    use reconcile_watchdog::deadlines::Advisor;
     use reconcile_watchdog::guard::{Fanout, ObjectKey, Observer, Registry};
     use reconcile_watchdog::health::Health;
+    use reconcile_watchdog::internals::MetricsInternals;
+    use reconcile_watchdog::internals::deadlines::Advisor;
     use reconcile_watchdog::metrics::Metrics;
 
     let metrics = || Metrics::new(Arc::new(Health::new())) as Arc<dyn Observer>;

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::{ControllerHandle, Deadlines, ObjectKey};
-use reconcile_watchdog::monitor::{HangPolicy, report};
+use reconcile_watchdog::internals::report;
+use reconcile_watchdog::monitor::HangPolicy;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};

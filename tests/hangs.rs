@@ -11,7 +11,8 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use reconcile_watchdog::guard::{self, Guarded, ObjectKey};
-use reconcile_watchdog::monitor::{Config, HangPolicy, RuntimeHeartbeat};
+use reconcile_watchdog::internals::{Config, RuntimeHeartbeat};
+use reconcile_watchdog::monitor::HangPolicy;
 use rig::{
     DEADLINE, INTERVAL, NOT_INTERRUPTED, Report, Rig, SIGNALLED_RUNNING, assert_captured_once,
     assert_stack_shows, dump, eventually, report_of, reports, reports_of, runtime,

@@ -13,6 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::health::Health;
+use reconcile_watchdog::internals::MetricsInternals;
 use reconcile_watchdog::monitor::ApiServerStatus;
 use reconcile_watchdog::plug::{ApiServerReachability, WatchAge, WatchAges};
 use reconcile_watchdog::prometheus_client;

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use reconcile_watchdog::guard::{ObjectKey, Registry};
 use reconcile_watchdog::health::Health;
+use reconcile_watchdog::internals::{Config, MetricsInternals, Monitor, Observer, Scan};
 use reconcile_watchdog::metrics::Metrics;
-use reconcile_watchdog::monitor::{self, Config, Monitor, Scan};
 
 use crate::http::quantile;
 use crate::insert_latency::{Registrations, Switches};
@@ -97,10 +97,10 @@ fn thread_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
-impl monitor::Observer for Timed {
+impl Observer for Timed {
     fn scanned(&self, scan: &Scan<'_>) {
         let began = Instant::now();
-        monitor::Observer::scanned(&*self.metrics, scan);
+        Observer::scanned(&*self.metrics, scan);
         let took = scan.took + began.elapsed();
         let cpu_now = thread_cpu();
         let mut before = self.cpu_before.lock().unwrap_or_else(|p| p.into_inner());
@@ -143,7 +143,7 @@ pub fn run(overdue: usize, interval: Duration, for_how_long: Duration) -> MassOv
             ..Config::default()
         },
         None,
-        Some(Arc::clone(&timed) as Arc<dyn monitor::Observer>),
+        Some(Arc::clone(&timed) as Arc<dyn Observer>),
     )
     .expect("the monitor starts");
 

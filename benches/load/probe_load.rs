@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use http::Response;
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::ObjectKey;
-use reconcile_watchdog::probes::HttpServer;
+use reconcile_watchdog::internals::probes::HttpServer;
 
 use warp::Filter;
 

@@ -4,10 +4,8 @@ use std::time::{Duration, Instant};
 
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::ObjectKey;
-use reconcile_watchdog::internals::HeartbeatInternals;
-use reconcile_watchdog::monitor::RuntimeHeartbeat;
-use reconcile_watchdog::monitor::verdict::DRIVER_RESCUE_AFTER;
-use reconcile_watchdog::monitor::verdict::driver::DriverWatch;
+use reconcile_watchdog::internals::driver::DriverWatch;
+use reconcile_watchdog::internals::{DRIVER_RESCUE_AFTER, HeartbeatInternals, RuntimeHeartbeat};
 
 #[path = "../../tests/support/blocked_worker.rs"]
 mod blocked_worker;

@@ -10,15 +10,14 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use futures::task::AtomicWaker;
-use reconcile_watchdog::deadlines::Advisor;
 use reconcile_watchdog::guard::{
     BuildIdHasher, ControllerHandle, Deadlines, Fanout, Guarded, InFlight, NEAR_MISS_SHARE,
     ObjectKey, Observer, Registry,
 };
 use reconcile_watchdog::health::Health;
-use reconcile_watchdog::internals::RegistryInternals;
+use reconcile_watchdog::internals::deadlines::Advisor;
+use reconcile_watchdog::internals::{Config, MetricsInternals, RegistryInternals, Verdict};
 use reconcile_watchdog::metrics::Metrics;
-use reconcile_watchdog::monitor::{Config, Verdict};
 
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
 pub const DEADLINE: Duration = Duration::from_secs(300);

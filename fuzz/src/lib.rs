@@ -12,10 +12,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::{Method, StatusCode, header};
-use reconcile_watchdog::deadlines::Advisor;
 use reconcile_watchdog::guard::{ObjectKey, Registry};
 use reconcile_watchdog::health::{FnCheck, Health};
-use reconcile_watchdog::probes::{DebugViews, Probes, Request};
+use reconcile_watchdog::internals::deadlines::Advisor;
+use reconcile_watchdog::internals::probes::{DebugViews, Probes, Request};
 use reconcile_watchdog_operator::operator::fault::Fault;
 
 /// The failure reason of the fixture's failing check; strangers must never read it.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 /// Polls `future` on this thread, parking between polls until its waker unparks it.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn block_on<F: Future>(future: F) -> F::Output {
     struct Unpark(std::thread::Thread);
     impl Wake for Unpark {

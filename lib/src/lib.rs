@@ -1,7 +1,7 @@
 //! Truthful liveness and readiness probes for Kubernetes operators built on kube-rs.
 //!
 //! Every reconcile runs inside a timed [`Guard`](guard::Guard) recorded in a
-//! [`Registry`](guard::Registry). A [`Monitor`](monitor::Monitor) on its own OS thread
+//! [`Registry`](guard::Registry). A monitor on its own OS thread
 //! scans the registry, writes a hang report when a guard outlives its deadline and
 //! publishes the verdict to the [`health`] checks, which the [`probes`] server answers
 //! the kubelet from. Neither the monitor nor the probe server depend on the async
@@ -56,7 +56,10 @@ compile_error!(
 #[cfg(feature = "clap")]
 pub mod args;
 mod block_on;
-pub mod deadlines;
+// The deadline advisor is the watchdog's own (`/debug/deadlines` serves it); this
+// repository's binary reads its report through `internals`.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod deadlines;
 pub mod guard;
 pub mod health;
 #[cfg(feature = "_kube")]
@@ -95,9 +98,85 @@ pub struct EmbeddingDoctests;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
+    #[cfg(feature = "metrics")]
+    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     use crate::guard::{ControllerCounts, Ended, InFlight, Registry};
+    #[cfg(feature = "metrics")]
+    use crate::health::Health;
+    #[cfg(feature = "metrics")]
+    use crate::metrics::Metrics;
+
+    pub use crate::monitor::heartbeat::RuntimeHeartbeat;
+    pub use crate::monitor::inspect::Diagnostics;
+    pub use crate::monitor::observer::{Observer, Scan};
+    pub use crate::monitor::start::Monitor;
+    pub use crate::monitor::verdict::{Config, DRIVER_RESCUE_AFTER, Verdict, driver};
+
+    /// The deadline advisor, whose report the binary's `deadlines` command reads.
+    pub mod deadlines {
+        pub use crate::deadlines::{Advisor, ControllerReport, DeadlineSource, Report};
+    }
+
+    /// The probe and debug servers' routes and connection loop.
+    pub mod probes {
+        pub use crate::probes::debug::DebugViews;
+        pub use crate::probes::routes::Probes;
+        pub use crate::probes::server::{HttpServer, Limits, Peer, Request};
+    }
+
+    /// The hang reports' log targets.
+    pub mod report {
+        pub use crate::monitor::report::{RUNTIME_TARGET, TARGET};
+    }
+
+    /// What the benchmarks and tests make or set of the metrics by hand, which an
+    /// embedder gets from the builder.
+    #[cfg(feature = "metrics")]
+    pub trait MetricsInternals {
+        /// See `Metrics::new`.
+        fn new(health: Arc<Health>) -> Arc<Self>
+        where
+            Self: Sized;
+        /// See `Metrics::add_controller`.
+        fn add_controller(&self, controller: &str);
+        /// See `Metrics::set_leader`.
+        fn set_leader(&self, identity: &str, leading: bool);
+        /// See `Metrics::lease_renewal`.
+        fn lease_renewal(&self, success: bool);
+        /// See `Metrics::watch_lease_renewal_age`.
+        fn watch_lease_renewal_age(
+            &self,
+            age: impl Fn() -> Option<Duration> + Send + Sync + 'static,
+        );
+    }
+
+    #[cfg(feature = "metrics")]
+    impl MetricsInternals for Metrics {
+        fn new(health: Arc<Health>) -> Arc<Self> {
+            Metrics::new(health)
+        }
+
+        fn add_controller(&self, controller: &str) {
+            Metrics::add_controller(self, controller);
+        }
+
+        fn set_leader(&self, identity: &str, leading: bool) {
+            Metrics::set_leader(self, identity, leading);
+        }
+
+        fn lease_renewal(&self, success: bool) {
+            Metrics::lease_renewal(self, success);
+        }
+
+        fn watch_lease_renewal_age(
+            &self,
+            age: impl Fn() -> Option<Duration> + Send + Sync + 'static,
+        ) {
+            Metrics::watch_lease_renewal_age(self, age);
+        }
+    }
 
     /// What the monitor thread alone calls on the registry.
     pub trait RegistryInternals {

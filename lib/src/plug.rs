@@ -25,8 +25,8 @@ pub trait ApiServerReachability: Send + Sync + fmt::Debug + 'static {
     /// The status it records into.
     fn status(&self) -> Arc<ApiServerStatus>;
 
-    /// How soon after [`ApiServerStatus::ask`] it has recorded an answer (or given up)
-    /// at the latest: the monitor waits that long for a check sent after a deadline
+    /// How soon after the monitor asks for a check it has recorded an answer (or given
+    /// up) at the latest: the monitor waits that long for a check sent after a deadline
     /// before it judges a new await past it.
     fn answer_within(&self) -> Duration;
 }

@@ -328,10 +328,9 @@ impl Builder {
             _api_server: self.api_server,
             _watches: self.watches,
             _hang_reports: self.hang_reports,
-            advisor,
             registry,
             health,
-            monitor,
+            _monitor: monitor,
             probes,
             #[cfg(feature = "metrics")]
             metrics,
@@ -350,10 +349,10 @@ pub struct Watchdog {
     _api_server: Option<Arc<dyn ApiServerReachability>>,
     _watches: Option<Arc<dyn WatchAges>>,
     _hang_reports: Option<Arc<dyn HangReports>>,
-    advisor: Arc<Advisor>,
     registry: Registry,
     health: Arc<Health>,
-    monitor: Monitor,
+    /// Held for its drop, which stops the monitor thread.
+    _monitor: Monitor,
     probes: Option<HttpServer>,
     #[cfg(feature = "metrics")]
     metrics: Option<Arc<Metrics>>,
@@ -395,22 +394,10 @@ impl Watchdog {
         &self.registry
     }
 
-    /// The deadline advisor (what `/debug/deadlines` serves).
-    #[must_use]
-    pub fn advisor(&self) -> &Arc<Advisor> {
-        &self.advisor
-    }
-
     /// The liveness and readiness sets, to add checks and latches to.
     #[must_use]
     pub fn health(&self) -> &Arc<Health> {
         &self.health
-    }
-
-    /// The monitor.
-    #[must_use]
-    pub fn monitor(&self) -> &Monitor {
-        &self.monitor
     }
 
     /// Where the probe server listens, if one was started.

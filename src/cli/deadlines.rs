@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::Uri;
 
 use super::flags;
-use reconcile_watchdog::deadlines::Report;
+use reconcile_watchdog::internals::deadlines::Report;
 
 /// Errors of `deadlines`.
 #[derive(Debug, thiserror::Error)]
@@ -292,8 +292,10 @@ pub fn render(report: &Report, url: &str) -> String {
                 c.controller.clone(),
                 c.deadline.clone(),
                 match c.deadline_source {
-                    reconcile_watchdog::deadlines::DeadlineSource::Default => "default".into(),
-                    reconcile_watchdog::deadlines::DeadlineSource::Flag => "flag".into(),
+                    reconcile_watchdog::internals::deadlines::DeadlineSource::Default => {
+                        "default".into()
+                    }
+                    reconcile_watchdog::internals::deadlines::DeadlineSource::Flag => "flag".into(),
                 },
                 c.reconciles.to_string(),
                 cell(c.p50_seconds),
@@ -382,7 +384,7 @@ fn cell(seconds: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reconcile_watchdog::deadlines::{ControllerReport, DeadlineSource};
+    use reconcile_watchdog::internals::deadlines::{ControllerReport, DeadlineSource};
 
     #[test]
     fn urls() {

@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use reconcile_watchdog::guard::Registry;
 use reconcile_watchdog::health::Health;
-use reconcile_watchdog::monitor::{
-    Config, Diagnostics, HangPolicy, Monitor, RuntimeHeartbeat, report,
-};
+use reconcile_watchdog::internals::{Config, Diagnostics, Monitor, RuntimeHeartbeat, report};
+use reconcile_watchdog::monitor::HangPolicy;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};

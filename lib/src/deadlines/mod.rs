@@ -9,22 +9,6 @@
 //! logged). [`Advisor::report`] turns the sketches into the JSON of `/debug/deadlines`,
 //! with a suggested deadline per controller. Reconciles the monitor
 //! reported hung are counted as hangs and left out of the durations.
-//!
-//! ```
-//! use std::sync::Arc;
-//! use std::time::Duration;
-//! use reconcile_watchdog::deadlines::Advisor;
-//! use reconcile_watchdog::guard::{ObjectKey, Outcome, Registry};
-//!
-//! let advisor = Advisor::new();
-//! let registry = Registry::with_observer(Duration::from_secs(60), advisor.clone());
-//! let web = registry.controller("web", "Deployment");
-//! web.register(ObjectKey::namespaced("default", "app")).finish(Outcome::Ok);
-//! let report = advisor.report(&registry);
-//! assert_eq!(report.controllers[0].controller, "web");
-//! assert_eq!(report.controllers[0].reconciles, 1);
-//! assert_eq!(report.controllers[0].flag, None); // too few reconciles to suggest one
-//! ```
 
 mod sketch;
 mod suggest;
@@ -36,19 +20,20 @@ use std::time::{Duration, Instant};
 
 use crate::guard::{ControllerObserver, Deadlines, LateEnd, Observer, Outcome};
 
-pub use suggest::MIN_RECONCILES;
+pub(crate) use suggest::MIN_RECONCILES;
+#[cfg_attr(not(feature = "internals"), allow(unused_imports))]
 pub use view::{ControllerReport, DeadlineSource, Report};
 
 /// At most one near-miss WARN per controller in this period; the next one says how
 /// many were not logged meanwhile.
-pub const NEAR_MISS_LOG_PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const NEAR_MISS_LOG_PERIOD: Duration = Duration::from_secs(60);
 
 /// Controllers the advisor keeps a sketch for (7.8 KiB each); the reconciles of any
 /// further one are only counted, as `untracked_reconciles`.
-pub const MAX_CONTROLLERS: usize = 64;
+pub(crate) const MAX_CONTROLLERS: usize = 64;
 
 /// The log target of near-miss WARNs.
-pub const TARGET: &str = "reconcile_watchdog::near_miss";
+pub(crate) const TARGET: &str = "reconcile_watchdog::near_miss";
 
 /// What the advisor knows of one controller.
 #[derive(Debug)]
@@ -274,6 +259,19 @@ pub(crate) fn threshold_text(deadlines: &Deadlines) -> String {
 mod tests {
     use super::*;
     use crate::guard::{ObjectKey, Registry};
+
+    #[test]
+    fn the_report_counts_each_controllers_reconciles() {
+        let advisor = Advisor::new();
+        let registry = Registry::with_observer(Duration::from_secs(60), advisor.clone());
+        let web = registry.controller("web", "Deployment");
+        web.register(ObjectKey::namespaced("default", "app"))
+            .finish(Outcome::Ok);
+        let report = advisor.report(&registry);
+        assert_eq!(report.controllers[0].controller, "web");
+        assert_eq!(report.controllers[0].reconciles, 1);
+        assert_eq!(report.controllers[0].flag, None); // too few reconciles to suggest one
+    }
 
     #[test]
     fn the_log_limit_lets_one_through_per_period_and_counts_the_rest() {

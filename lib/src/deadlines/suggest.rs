@@ -11,7 +11,7 @@ use super::sketch::Summary;
 
 /// Reconciles a controller must have ended before a deadline is suggested for it.
 /// With fewer, p99.9 is only the maximum, and one slow reconcile more would change it.
-pub const MIN_RECONCILES: u64 = 100;
+pub(crate) const MIN_RECONCILES: u64 = 100;
 
 /// No suggestion is shorter: below a second, a scheduling hiccup or a slow API
 /// answer would fail a healthy reconcile, and the watchdog scans once a second.

@@ -14,6 +14,7 @@ pub struct Deadlines {
 }
 
 /// The default near-miss share of a deadline: 80 %.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub const NEAR_MISS_SHARE: f64 = 0.8;
 
 impl Deadlines {

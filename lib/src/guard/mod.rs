@@ -29,13 +29,23 @@ mod tests;
 mod thread;
 mod waits;
 
-pub use deadlines::{Deadlines, NEAR_MISS_SHARE};
+pub use deadlines::Deadlines;
+// The default near-miss share and a scan's counts: crate-private, public only for this
+// crate's own benchmarks.
+#[cfg(not(feature = "internals"))]
+pub(crate) use deadlines::NEAR_MISS_SHARE;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use deadlines::NEAR_MISS_SHARE;
 #[cfg(feature = "_kube")]
 pub(crate) use entry::Entry;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 pub use handle::ControllerHandle;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use registry::ControllerCounts;
 // The registry's hasher: crate-private, public only for this crate's own benchmarks.
 #[cfg(not(feature = "internals"))]
 pub(crate) use map::BuildIdHasher;
@@ -44,7 +54,7 @@ pub(crate) use map::BuildIdHasher;
 pub use map::{BuildIdHasher, IdHasher};
 pub use observer::{ControllerObserver, Ended, LateEnd, Observer};
 pub use reconcile_guard::Guard;
-pub use registry::{ControllerCounts, Registry};
+pub use registry::Registry;
 pub use thread::ThreadInfo;
 #[cfg(test)]
 pub(crate) use thread::kernel_tid;

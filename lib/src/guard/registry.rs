@@ -264,4 +264,5 @@ impl ControllerHandle {
 }
 
 /// In-flight reconciles per controller, as a scan counted them.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub type ControllerCounts = Vec<(Arc<str>, usize)>;

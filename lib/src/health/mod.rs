@@ -55,7 +55,7 @@ where
 
 /// `ping`: passes whenever the probe server answers at all.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Ping;
+pub(crate) struct Ping;
 
 impl Check for Ping {
     fn name(&self) -> &str {
@@ -79,7 +79,7 @@ pub struct Latch {
 impl Latch {
     /// A closed latch called `name`; until released it fails with `waiting_for`.
     #[must_use]
-    pub fn new(name: impl Into<String>, waiting_for: impl Into<String>) -> Arc<Self> {
+    pub(crate) fn new(name: impl Into<String>, waiting_for: impl Into<String>) -> Arc<Self> {
         Arc::new(Self {
             name: name.into(),
             waiting_for: waiting_for.into(),
@@ -154,7 +154,7 @@ pub struct Shutdown {
 impl Shutdown {
     /// Not shutting down.
     #[must_use]
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
@@ -265,7 +265,7 @@ impl fmt::Debug for Checks {
 impl Checks {
     /// An empty set served at `/<endpoint>`.
     #[must_use]
-    pub fn new(endpoint: &'static str) -> Self {
+    pub(crate) fn new(endpoint: &'static str) -> Self {
         Self {
             endpoint,
             checks: RwLock::new(Vec::new()),
@@ -274,7 +274,7 @@ impl Checks {
 
     /// The endpoint name, `healthz` or `readyz`.
     #[must_use]
-    pub fn endpoint(&self) -> &'static str {
+    pub(crate) fn endpoint(&self) -> &'static str {
         self.endpoint
     }
 
@@ -289,7 +289,7 @@ impl Checks {
 
     /// The names of the checks, in order.
     #[must_use]
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         self.list().iter().map(|c| c.name().to_owned()).collect()
     }
 

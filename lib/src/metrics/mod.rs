@@ -1,8 +1,8 @@
 //! Prometheus metrics of the watchdog, in the OpenMetrics text format.
 //!
 //! [`Metrics`] is fed by the hooks the core already has: it is the registry's
-//! [`guard::Observer`] (every reconcile that ends) and the monitor's
-//! [`monitor::Observer`] (every scan, with its snapshot and decision). The health
+//! [`guard::Observer`] (every reconcile that ends) and the monitor's observer (every
+//! scan, with its snapshot and decision). The health
 //! checks are run at scrape time, so `/metrics` shows what `/healthz` would answer now.
 //! Every name starts with `reconcile_watchdog_`; `docs/operations.md` lists them.
 //!
@@ -10,22 +10,21 @@
 //! than fed in `collectors.rs`, the reconcile duration histogram in `histogram.rs`.
 //!
 //! ```
-//! use std::sync::Arc;
-//! use std::time::Duration;
-//! use reconcile_watchdog::guard::{ObjectKey, Registry};
-//! use reconcile_watchdog::health::Health;
-//! use reconcile_watchdog::metrics::Metrics;
+//! use reconcile_watchdog::Watchdog;
+//! use reconcile_watchdog::guard::ObjectKey;
 //!
-//! # async fn example() {
-//! let metrics = Metrics::new(Arc::new(Health::new()));
-//! let registry = Registry::with_observer(Duration::from_secs(300), metrics.clone());
-//! let _ = registry
+//! # async fn example() -> Result<(), reconcile_watchdog::watchdog::Error> {
+//! let watchdog = Watchdog::builder().collect_metrics().start()?;
+//! let _ = watchdog
+//!     .registry()
 //!     .controller("configmaps", "ConfigMap")
 //!     .guard(ObjectKey::namespaced("default", "app"), async { Ok::<_, ()>(()) })
 //!     .await;
+//! let metrics = watchdog.metrics().expect("collected");
 //! assert!(metrics.encode().contains(
 //!     r#"reconcile_watchdog_reconcile_duration_seconds_count{controller="configmaps",outcome="ok"} 1"#
 //! ));
+//! # Ok(())
 //! # }
 //! ```
 
@@ -37,7 +36,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -58,21 +56,21 @@ use collectors::{
 use series::{ControllerSeries, Families};
 
 /// The prefix of every metric name.
-pub const PREFIX: &str = "reconcile_watchdog";
+pub(crate) const PREFIX: &str = "reconcile_watchdog";
 
 /// The content type of the OpenMetrics text format.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Reconcile duration buckets, in seconds: 10 ms to an hour, dense where deadlines are
 /// usually chosen (seconds to minutes).
-pub const RECONCILE_BUCKETS: [f64; 17] = [
+pub(crate) const RECONCILE_BUCKETS: [f64; 17] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
     1800.0, 3600.0,
 ];
 
 /// Monitor scan duration buckets, in seconds: 50 µs to 1 s. A scan copies the registry
 /// and decides; anything near the interval is a problem.
-pub const SCAN_BUCKETS: [f64; 12] = [
+pub(crate) const SCAN_BUCKETS: [f64; 12] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.25, 1.0,
 ];
 
@@ -99,9 +97,9 @@ struct LeaderSeries {
     renewal_age: LeaseAgeCollector,
 }
 
-/// The watchdog's metrics. Share it as an `Arc`: hand it to
-/// [`Registry::with_observer`](guard::Registry::with_observer) and
-/// [`Monitor::spawn`](monitor::Monitor::spawn), and serve [`respond`](Self::respond).
+/// The watchdog's metrics, made by the builder (`collect_metrics`, or a metrics
+/// address) and read from [`Watchdog::metrics`](crate::Watchdog::metrics): register
+/// them into your own registry, or encode the exposition.
 #[derive(Debug)]
 pub struct Metrics {
     registry: prometheus_client::registry::Registry,
@@ -123,15 +121,19 @@ pub struct Metrics {
 
 impl Metrics {
     /// Metrics whose health-check gauges run the checks of `health` at each scrape.
+    #[cfg(any(test, feature = "internals"))]
     #[must_use]
-    pub fn new(health: Arc<Health>) -> Arc<Self> {
+    pub(crate) fn new(health: Arc<Health>) -> Arc<Self> {
         Self::with_api_server(health, Arc::default())
     }
 
     /// Like [`new`](Self::new), with the API server's reachability from `api_server`
     /// (shown once its check has run).
     #[must_use]
-    pub fn with_api_server(health: Arc<Health>, api_server: Arc<ApiServerStatus>) -> Arc<Self> {
+    pub(crate) fn with_api_server(
+        health: Arc<Health>,
+        api_server: Arc<ApiServerStatus>,
+    ) -> Arc<Self> {
         let families = Families {
             reconcile_duration: Family::default(),
             in_flight: Family::default(),
@@ -290,9 +292,10 @@ impl Metrics {
 
     /// The response to `method path`: `GET|HEAD /metrics`, 404 elsewhere, 405 for
     /// other methods.
+    #[cfg(test)]
     #[must_use]
-    pub fn respond(&self, method: &Method, path: &str) -> Response<String> {
-        let request = crate::probes::Request {
+    pub(crate) fn respond(&self, method: &Method, path: &str) -> Response<String> {
+        let request = crate::probes::server::Request {
             method,
             path,
             query: "",
@@ -303,12 +306,13 @@ impl Metrics {
 
     /// Creates the series of `controller` up front, so that they read 0 before its
     /// first reconcile ends instead of being absent.
-    pub fn add_controller(&self, controller: &str) {
+    pub(crate) fn add_controller(&self, controller: &str) {
         self.with_series(controller, |_| ());
     }
 
     /// Sets `reconcile_watchdog_leader{identity}` to 1 (leading) or 0.
-    pub fn set_leader(&self, identity: &str, leading: bool) {
+    #[cfg(any(test, feature = "_kube", feature = "internals"))]
+    pub(crate) fn set_leader(&self, identity: &str, leading: bool) {
         self.leader
             .leader
             .get_or_create(&IdentityLabels {
@@ -319,7 +323,8 @@ impl Metrics {
 
     /// Counts one renewal attempt of the leader in
     /// `reconcile_watchdog_lease_renewals_total{result}`.
-    pub fn lease_renewal(&self, success: bool) {
+    #[cfg(any(test, feature = "_kube", feature = "internals"))]
+    pub(crate) fn lease_renewal(&self, success: bool) {
         let result = if success { "success" } else { "failure" };
         self.leader
             .renewals
@@ -329,9 +334,10 @@ impl Metrics {
 
     /// Serves `reconcile_watchdog_lease_renewal_age_seconds` from `age`, read at each
     /// scrape (None: not leading, no sample). Only the first call counts.
-    pub fn watch_lease_renewal_age(
+    #[cfg(any(test, feature = "_kube", feature = "internals"))]
+    pub(crate) fn watch_lease_renewal_age(
         &self,
-        age: impl Fn() -> Option<Duration> + Send + Sync + 'static,
+        age: impl Fn() -> Option<std::time::Duration> + Send + Sync + 'static,
     ) {
         let _ = self.leader.renewal_age.0.set(Box::new(age));
     }

@@ -1,13 +1,15 @@
 //! The metrics' tests: each series as an exposition shows it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use warp::http::StatusCode;
 
 use super::*;
 use crate::guard::{ObjectKey, Outcome, Registry};
 use crate::health::FnCheck;
-use crate::monitor::{Config, HangPolicy, Verdict};
+use crate::monitor::observer::DriverWakes;
+use crate::monitor::verdict::Verdict;
+use crate::monitor::{Config, HangPolicy};
 
 fn line<'a>(exposition: &'a str, prefix: &str) -> Option<&'a str> {
     exposition
@@ -157,7 +159,7 @@ fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
                 took: Duration::from_micros(70),
                 runtime_heartbeat_age: Some(Duration::from_millis(50)),
                 driver_rescues: 1,
-                driver_wakes: monitor::DriverWakes {
+                driver_wakes: DriverWakes {
                     busy_worker: 3,
                     heartbeat_late: 0,
                     not_looked_up: 0,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::verdict::{ApiServer, fmt_duration};
 
 /// The name of the readiness check that fails while the API server does not answer.
-pub const CHECK: &str = "api-server";
+pub(crate) const CHECK: &str = "api-server";
 
 /// The latest answer of the reachability check, and the outage time it has counted.
 #[derive(Debug, Default)]
@@ -58,7 +58,7 @@ impl ApiServerStatus {
     }
 
     /// Asks the checker for a check now (it may keep to its own rate).
-    pub fn ask(&self) {
+    pub(crate) fn ask(&self) {
         *self.asked.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.ask.notify_all();
     }
@@ -76,7 +76,7 @@ impl ApiServerStatus {
 
     /// What the verdict decides by.
     #[must_use]
-    pub fn state(&self) -> ApiServer {
+    pub(crate) fn state(&self) -> ApiServer {
         let state = self.lock();
         match &state.silent {
             Some((since, why)) => ApiServer::Silent {
@@ -92,7 +92,8 @@ impl ApiServerStatus {
 
     /// Whether it answered at the latest check; `None` before the first.
     #[must_use]
-    pub fn reachable(&self) -> Option<bool> {
+    #[cfg(any(test, feature = "metrics"))]
+    pub(crate) fn reachable(&self) -> Option<bool> {
         let state = self.lock();
         let checked = state.answered_at.is_some() || state.silent.is_some();
         checked.then_some(state.silent.is_none())
@@ -100,7 +101,8 @@ impl ApiServerStatus {
 
     /// The total time it has not answered, up to `now`.
     #[must_use]
-    pub fn unreachable_for(&self, now: Instant) -> Duration {
+    #[cfg(any(test, feature = "metrics"))]
+    pub(crate) fn unreachable_for(&self, now: Instant) -> Duration {
         let state = self.lock();
         state.silent_before
             + state.silent.as_ref().map_or(Duration::ZERO, |(since, _)| {
@@ -109,7 +111,7 @@ impl ApiServerStatus {
     }
 
     /// The `api-server` readiness check at `now`.
-    pub fn check(&self, now: Instant) -> Result<(), String> {
+    pub(crate) fn check(&self, now: Instant) -> Result<(), String> {
         match self.state() {
             ApiServer::Silent { since, why } => Err(format!(
                 "the API server does not answer ({why}) for {}",

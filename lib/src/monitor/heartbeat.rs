@@ -9,7 +9,7 @@ use super::verdict::driver::WorkerSample;
 
 /// A timestamp that one side touches and another reads the age of, lock-free.
 #[derive(Debug)]
-pub struct Heartbeat {
+pub(crate) struct Heartbeat {
     epoch: Instant,
     /// Nanoseconds since `epoch` of the latest beat.
     pub(super) last_ns: AtomicU64,
@@ -18,7 +18,7 @@ pub struct Heartbeat {
 impl Heartbeat {
     /// A heartbeat that beat just now.
     #[must_use]
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             epoch: Instant::now(),
             last_ns: AtomicU64::new(0),
@@ -26,7 +26,7 @@ impl Heartbeat {
     }
 
     /// Records a beat at `now`.
-    pub fn beat(&self, now: Instant) {
+    pub(crate) fn beat(&self, now: Instant) {
         let ns =
             u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
         self.last_ns.fetch_max(ns, Ordering::Release);
@@ -34,7 +34,7 @@ impl Heartbeat {
 
     /// How long before `now` the latest beat was.
     #[must_use]
-    pub fn age(&self, now: Instant) -> Duration {
+    pub(crate) fn age(&self, now: Instant) -> Duration {
         let last = self.epoch + Duration::from_nanos(self.last_ns.load(Ordering::Acquire));
         now.saturating_duration_since(last)
     }

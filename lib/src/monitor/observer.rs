@@ -8,6 +8,8 @@ use super::verdict::driver::WakeCause;
 use crate::guard::InFlight;
 
 /// One finished scan, as an [`Observer`] sees it.
+// Read by the metrics; the hang reports' observer reads the decision alone.
+#[cfg_attr(not(any(feature = "metrics", feature = "internals")), allow(dead_code))]
 #[derive(Debug)]
 pub struct Scan<'a> {
     /// The reconciles the verdict looked at: those past their deadline, and during a
@@ -45,6 +47,7 @@ pub struct DriverWakes {
 
 impl DriverWakes {
     /// Each cause with its count, by the `cause` label of the metric.
+    #[cfg_attr(not(any(feature = "metrics", feature = "internals")), allow(dead_code))]
     #[must_use]
     pub fn by_cause(&self) -> [(&'static str, u64); 3] {
         [

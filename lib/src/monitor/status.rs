@@ -13,7 +13,8 @@ use crate::health::Check;
 pub(super) struct Published {
     pub(super) reconcilers_failure: Option<String>,
     pub(super) runtime_failure: Option<String>,
-    /// How many reconciles were overdue.
+    /// How many reconciles were overdue (for the tests and benchmarks).
+    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
     pub(super) overdue: usize,
 }
 
@@ -52,6 +53,7 @@ impl Status {
     }
 
     /// How many reconciles the latest scan found overdue.
+    #[cfg(any(test, feature = "internals"))]
     #[must_use]
     pub fn overdue(&self) -> usize {
         self.latest().overdue

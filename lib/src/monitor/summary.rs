@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write};
 
 /// How many items a list names before it counts the rest.
-pub const NAMED: usize = 5;
+pub(crate) const NAMED: usize = 5;
 
 /// How many groups the count of the rest names before it counts the other groups.
 const GROUPS: usize = 8;
@@ -17,15 +17,9 @@ pub(crate) const ITEM_BYTES: usize = 256;
 /// The first `few` of `items` by `first` (the greatest first, e.g. the longest running),
 /// each as `name` gives it, joined by `separator`; then `and N more: G1 n1, G2 n2`,
 /// counted by `group`. Linear in the number of items: only the named few are sorted.
-///
-/// ```
-/// use reconcile_watchdog::monitor::summary::name_few;
-///
-/// let running = [("web", "a", 30), ("web", "b", 10), ("db", "c", 20)];
-/// let text = name_few(&running, 2, "; ", |r| r.2, |r| format!("{} {}", r.0, r.1), |r| r.0);
-/// assert_eq!(text, "web a; db c; and 1 more: web 1");
-/// ```
-pub fn name_few<'a, T, R, G>(
+/// Of `("web", "a", 30), ("web", "b", 10), ("db", "c", 20)`, the first 2 by the number,
+/// named by the two words and grouped by the first, are `web a; db c; and 1 more: web 1`.
+pub(crate) fn name_few<'a, T, R, G>(
     items: &'a [T],
     few: usize,
     separator: &str,
@@ -83,7 +77,9 @@ fn count_rest<G: fmt::Display>(rest: usize, counts: &BTreeMap<G, usize>) -> Stri
 
 /// `G1 n1, G2 n2, …`: counts per group, the largest first, naming at most `GROUPS`
 /// groups and counting the others together.
-pub fn count_groups<G: fmt::Display>(groups: impl IntoIterator<Item = (G, usize)>) -> String {
+pub(crate) fn count_groups<G: fmt::Display>(
+    groups: impl IntoIterator<Item = (G, usize)>,
+) -> String {
     let mut groups: Vec<(G, usize)> = groups.into_iter().collect();
     // Stable: equal counts keep the groups' own order.
     groups.sort_by_key(|g| std::cmp::Reverse(g.1));
@@ -103,7 +99,7 @@ pub fn count_groups<G: fmt::Display>(groups: impl IntoIterator<Item = (G, usize)
 
 /// `text` cut to at most `max` bytes at a character boundary, marked with `…`.
 #[must_use]
-pub fn clip(mut text: String, max: usize) -> String {
+pub(crate) fn clip(mut text: String, max: usize) -> String {
     if text.len() <= max {
         return text;
     }
@@ -125,6 +121,20 @@ pub(crate) fn same_name(a: &std::sync::Arc<str>, b: &std::sync::Arc<str>) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_the_few_of_its_doc() {
+        let running = [("web", "a", 30), ("web", "b", 10), ("db", "c", 20)];
+        let text = name_few(
+            &running,
+            2,
+            "; ",
+            |r| r.2,
+            |r| format!("{} {}", r.0, r.1),
+            |r| r.0,
+        );
+        assert_eq!(text, "web a; db c; and 1 more: web 1");
+    }
 
     #[test]
     fn names_the_first_few_and_counts_the_rest_by_group() {

@@ -15,10 +15,10 @@ use crate::deadlines::{self, Advisor};
 use crate::guard::{InFlight, PollState, Registry};
 
 /// Rows of `/debug/reconciles` unless `?limit=N` asks for another number.
-pub const DEFAULT_ROW_LIMIT: usize = 1000;
+pub(crate) const DEFAULT_ROW_LIMIT: usize = 1000;
 
 /// The response header that gives the number of reconciles in flight, rows cut or not.
-pub const TOTAL_HEADER: &str = "x-reconciles-in-flight";
+pub(crate) const TOTAL_HEADER: &str = "x-reconciles-in-flight";
 
 /// Answers the debug views from the registry.
 #[derive(Clone, Debug)]
@@ -47,6 +47,7 @@ impl DebugViews {
     /// The response the debug server gives `request` (its routes, without a socket).
     /// Never panics.
     #[must_use]
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
         answer(self.routes(), request)
     }

@@ -8,11 +8,18 @@
 //! is wedged, with a header timeout and a connection cap that a flood of unfinished
 //! connections cannot get past.
 
-pub mod debug;
+// The builder serves the probes; what is public here is the error it may return. The
+// routes and the server are this crate's (its tests, benchmarks and fuzz targets reach
+// them through `internals`).
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod debug;
 mod response;
-pub mod routes;
-pub mod server;
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod routes;
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod server;
 
-pub use debug::DebugViews;
-pub use routes::Probes;
-pub use server::{Error, HttpServer, Limits, Peer, Request};
+pub(crate) use debug::DebugViews;
+pub(crate) use routes::Probes;
+pub use server::Error;
+pub(crate) use server::HttpServer;

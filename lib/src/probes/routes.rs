@@ -20,7 +20,7 @@ use super::server::{Peer, Request, answer};
 use crate::health::{Checks, Health, Report};
 
 /// What a peer that may not read failure reasons reads instead (kube-apiserver's words).
-pub const REASON_WITHHELD: &str = "reason withheld";
+pub(crate) const REASON_WITHHELD: &str = "reason withheld";
 
 /// At most one log line of withheld reasons per endpoint and period.
 const WITHHELD_LOG_PERIOD: Duration = Duration::from_secs(10);
@@ -75,6 +75,7 @@ impl Probes {
     /// The response the probe server gives `request` (its routes, without a socket).
     /// Never panics; HEAD gets GET's status and headers without a body.
     #[must_use]
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))]
     pub fn respond(&self, request: &Request<'_>) -> Response<String> {
         answer(self.routes(), request)
     }

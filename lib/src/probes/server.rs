@@ -47,6 +47,7 @@ pub enum Error {
 
 /// One request, as the routes' tests and fuzzing make it (see each router's `respond`).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub struct Request<'a> {
     /// The method.
     pub method: &'a Method,
@@ -66,6 +67,7 @@ pub struct Peer(pub SocketAddr);
 /// The response `routes` give `request`, without a socket: how the routes of every
 /// server here are tested and fuzzed. A path and query that do not make a request
 /// target (hyper would have refused the request) get the 404 of an unknown path.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub(crate) fn answer<R>(routes: R, request: &Request<'_>) -> Response<String>
 where
     R: Filter<Extract = (Response<String>,), Error = Infallible> + Clone + Send + Sync,

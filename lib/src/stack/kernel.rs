@@ -8,21 +8,21 @@ use std::path::PathBuf;
 /// kernel's ptrace access check, which guards `wchan` and `syscall`, always lets a
 /// process look at its own threads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KernelState {
+pub(crate) struct KernelState {
     /// `State:` of `status`, such as `S (sleeping)` or `R (running)`.
-    pub state: Option<String>,
+    pub(crate) state: Option<String>,
     /// `wchan`: the kernel function a sleeping thread waits in (`0` or unreadable on
     /// kernels that hide it, so absent then).
-    pub wchan: Option<String>,
+    pub(crate) wchan: Option<String>,
     /// `syscall`: the system call it is blocked in, by name where known
     /// (`futex`, `clock_nanosleep`), or `running` when it is in user space.
-    pub syscall: Option<String>,
+    pub(crate) syscall: Option<String>,
 }
 
 impl KernelState {
     /// Reads thread `tid` of this process. Errors only when the thread is gone (or
     /// `/proc` is missing); each field that cannot be read is left out instead.
-    pub fn read(tid: u32) -> Result<Self, super::Error> {
+    pub(crate) fn read(tid: u32) -> Result<Self, super::Error> {
         let dir = PathBuf::from(format!("/proc/self/task/{tid}"));
         let status = std::fs::read_to_string(dir.join("status"))
             .map_err(|source| super::Error::NoSuchThread { tid, source })?;

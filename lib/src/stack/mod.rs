@@ -34,7 +34,7 @@ mod vouch;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-pub use kernel::KernelState;
+pub(crate) use kernel::KernelState;
 
 /// The most frames one capture keeps.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
@@ -847,13 +847,13 @@ fn capture_impl(
 /// What is known of one thread at a hang: its stack where it could be captured, its
 /// kernel state where it could be read.
 #[derive(Debug)]
-pub struct ThreadDiagnostics {
+pub(crate) struct ThreadDiagnostics {
     /// The kernel thread id.
-    pub tid: u32,
+    pub(crate) tid: u32,
     /// The native stack, or why there is none.
-    pub stack: Result<Stack, Error>,
+    pub(crate) stack: Result<Stack, Error>,
     /// The kernel's view, or why there is none.
-    pub kernel: Result<KernelState, Error>,
+    pub(crate) kernel: Result<KernelState, Error>,
 }
 
 impl ThreadDiagnostics {
@@ -861,7 +861,7 @@ impl ThreadDiagnostics {
     /// [`capture`] does, resolving up to the first frame `is_last` accepts and waiting
     /// at most `timeout` for the stack.
     #[must_use]
-    pub fn of(tid: u32, timeout: Duration, is_last: impl Fn(&Frame) -> bool) -> Self {
+    pub(crate) fn of(tid: u32, timeout: Duration, is_last: impl Fn(&Frame) -> bool) -> Self {
         // The kernel state first: were a signal sent, it is what the thread was doing
         // before.
         let kernel = KernelState::read(tid);

@@ -325,7 +325,8 @@ pub enum Event {
     /// Reconciles newly overdue while the runtime is stalled: victims of the stall,
     /// reported under it rather than one hang report each (ERROR).
     StallVictims {
-        /// The oldest few of them.
+        /// The oldest few of them (the report names them through `listed`).
+        #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
         named: Vec<InFlight>,
         /// How many in all.
         count: usize,
@@ -1121,7 +1122,7 @@ fn stall_victims(victims: Vec<InFlight>, now: Instant) -> Event {
 
 /// `controller object running 6s, woken 4s ago`: a victim of a stall.
 #[must_use]
-pub fn describe_starved(r: &InFlight, now: Instant) -> String {
+pub(crate) fn describe_starved(r: &InFlight, now: Instant) -> String {
     let woken = match r.poll {
         PollState::Woken { since } => format!(
             "woken {} ago, not polled since",
@@ -1168,7 +1169,7 @@ fn describe_overdue(overdue: &Overdue<'_>) -> String {
 
 /// A duration rounded to milliseconds, in humantime's words (`3s 12ms`).
 #[must_use]
-pub fn fmt_duration(d: Duration) -> String {
+pub(crate) fn fmt_duration(d: Duration) -> String {
     let millis = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     if millis.is_zero() && !d.is_zero() {
         return humantime::format_duration(Duration::from_micros(
