@@ -57,12 +57,10 @@ pub(crate) fn prepare() -> AltStack {
     prepared
 }
 
-/// Whether thread `tid` is recorded as having an alternate signal stack.
-pub(crate) fn is_ready(tid: u32) -> bool {
-    READY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(&tid)
+/// Whether thread `tid` is recorded as having an alternate signal stack; `None` when
+/// the list could not be read (see [`super::lock_briefly`]: the monitor calls this).
+pub(crate) fn is_ready(tid: u32) -> Option<bool> {
+    super::lock_briefly(&READY).map(|ready| ready.contains(&tid))
 }
 
 impl Drop for AltStack {
@@ -199,14 +197,14 @@ pub(crate) mod tests {
             drop_alternate_stack();
             assert!(!has_alternate_stack());
             let tid = gettid().unwrap();
-            assert!(!is_ready(tid));
+            assert_eq!(is_ready(tid), Some(false));
             let prepared = prepare();
             assert!(has_alternate_stack(), "installed");
-            assert!(is_ready(tid));
+            assert_eq!(is_ready(tid), Some(true));
             let installed = prepared.ours.is_some();
             drop(prepared);
             assert!(!has_alternate_stack(), "released with its owner");
-            assert!(!is_ready(tid));
+            assert_eq!(is_ready(tid), Some(false));
             // Held for the thread's life this time, as the guard's threads hold it.
             thread_local! {
                 static HELD: AltStack = prepare();
@@ -217,7 +215,16 @@ pub(crate) mod tests {
         .join()
         .unwrap();
         assert!(installed);
-        assert!(!is_ready(tid), "withdrawn at the thread's end");
+        assert_eq!(is_ready(tid), Some(false), "withdrawn at the thread's end");
+    }
+
+    #[test]
+    fn the_monitor_gives_up_on_the_list_while_a_thread_holds_it() {
+        let tid = gettid().unwrap();
+        let held = READY.lock().unwrap();
+        assert_eq!(is_ready(tid), None, "not waited for");
+        drop(held);
+        assert!(is_ready(tid).is_some());
     }
 
     #[test]
@@ -236,7 +243,7 @@ pub(crate) mod tests {
             );
             let prepared = prepare();
             assert!(prepared.ours.is_none(), "not replaced");
-            assert!(is_ready(gettid().unwrap()));
+            assert_eq!(is_ready(gettid().unwrap()), Some(true));
             drop(prepared);
             assert_eq!(
                 current().unwrap().ss_sp,

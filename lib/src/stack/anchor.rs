@@ -21,9 +21,6 @@ thread_local! {
 /// The live threads that registered their cell: kernel tid and the cell's address.
 static REGISTERED: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
 
-/// How many times [`of`] tries the lock before it gives up.
-const LOCK_TRIES: usize = 100;
-
 /// Records `at`, a stack address in the frame of the guard's poll the calling thread
 /// enters, and returns the outer poll's (0: none), which [`leave`] puts back.
 #[inline]
@@ -79,21 +76,10 @@ impl Drop for Anchor {
     }
 }
 
-/// The stack address of the guard's poll that thread `tid` is in, if it is in one.
-///
-/// The monitor calls this, and must not wait on the threads it watches: a thread holds
-/// the lock only to register or withdraw (a push or a removal), so a few tries are
-/// enough; a thread stopped while holding it (by a debugger, say) costs the capture its
-/// check, never the monitor its scan.
+/// The stack address of the guard's poll that thread `tid` is in, if it is in one and
+/// the list could be read (see [`super::lock_briefly`]: the monitor calls this).
 pub(crate) fn of(tid: u32) -> Option<usize> {
-    let registered = (0..LOCK_TRIES).find_map(|_| match REGISTERED.try_lock() {
-        Ok(registered) => Some(registered),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => {
-            std::thread::yield_now();
-            None
-        }
-    })?;
+    let registered = super::lock_briefly(&REGISTERED)?;
     let &(_, cell) = registered.iter().find(|(t, _)| *t == tid)?;
     // SAFETY: `cell` is the address of thread `tid`'s `POLL_FRAME`, registered by that
     // thread and withdrawn by it (under this lock) before it ends, while its thread-locals

@@ -2,19 +2,21 @@
 //!
 //! [`KernelState`] reads `/proc/self/task/<tid>/` and needs no privilege beyond being
 //! the same process. [`capture`] never interrupts a thread blocked in the kernel: it
-//! unwinds such a thread from the registers the kernel shows for it (the `parked`
-//! module, x86_64). Only a thread seen running in user space (a busy loop), and known
-//! to have an alternate signal stack (the `alt_stack` module), is sent a signal, whose
-//! handler copies its registers and holds it still while its stack is copied (the
-//! `signal` module). Either
-//! way the stack is unwound on the calling thread, by the one unwinder of the `parked`
-//! module, and symbols are resolved there too. All of it is behind the `stack-capture`
-//! feature, Linux only. Where capture is unavailable, reports fall back to the
-//! thread's name and kernel state.
+//! unwinds such a thread from the registers the kernel shows for it (`parked.rs`,
+//! x86_64). Only a thread seen running in user space (a busy loop), and known to have
+//! an alternate signal stack (`alt_stack.rs`), is sent a signal, whose handler copies
+//! its registers and keeps it stopped while its stack is copied (`signal.rs`). Either
+//! way the stack is unwound on the calling thread by the one unwinder (`unwind.rs`, each
+//! step vouched for by `vouch.rs`), checked against the guard's poll frame
+//! (`anchor.rs`), and symbols are resolved there too (`symbols.rs`); `capture.rs` takes
+//! those steps in order, and this module holds what they return. All of it is behind
+//! the `stack-capture` feature, Linux only. Where capture is unavailable, reports fall
+//! back to the thread's name and kernel state.
 
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 pub(crate) mod alt_stack;
 pub(crate) mod anchor;
+mod capture;
 mod kernel;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod parked;
@@ -24,6 +26,8 @@ mod robustness;
 mod signal;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod symbols;
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+mod unwind;
 #[cfg(all(
     feature = "stack-capture",
     target_os = "linux",
@@ -87,6 +91,13 @@ pub enum Error {
     /// Another capture held the capture lock until this one's deadline.
     #[error("another stack capture was in progress until the deadline")]
     Busy,
+    /// A thread entering or leaving the capture's list of `what` held it for longer
+    /// than the capture waits.
+    #[error("the list of {what} was locked by a thread entering or leaving it")]
+    Contended {
+        /// Which list.
+        what: &'static str,
+    },
     /// The capture's deadline passed before it was done.
     #[error("the capture deadline passed while {doing} for thread {tid}")]
     Deadline {
@@ -176,12 +187,13 @@ pub enum Error {
 
 impl Error {
     /// Whether a capture that failed this way may succeed if tried again later: another
-    /// capture held the lock, the deadline passed, the thread kept waking, did not run
+    /// capture or a registering thread held a lock, the deadline passed, the thread kept waking, did not run
     /// the handler in time or left it early.
     pub(crate) fn may_pass(&self) -> bool {
         matches!(
             self,
             Self::Busy
+                | Self::Contended { .. }
                 | Self::Deadline { .. }
                 | Self::LeftHandler { .. }
                 | Self::KeptMoving { .. }
@@ -406,6 +418,26 @@ pub fn set_capture_signal(signal: i32) -> Result<(), Error> {
     }
 }
 
+/// How many times [`lock_briefly`] tries a lock before it gives up.
+const LOCK_TRIES: usize = 100;
+
+/// Takes `lock` if it comes free within a few tries. For the monitor, which must not
+/// wait on the threads it watches: they hold the capture's registries only to enter or
+/// leave them (a push or a removal), so a few tries are enough, and a thread stopped
+/// while holding one (by a debugger, say) costs a capture, never the monitor its scan.
+pub(crate) fn lock_briefly<T>(
+    lock: &std::sync::Mutex<T>,
+) -> Option<std::sync::MutexGuard<'_, T>> {
+    (0..LOCK_TRIES).find_map(|_| match lock.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            std::thread::yield_now();
+            None
+        }
+    })
+}
+
 /// Like [`capture`], keeping frames from the innermost out only up to the first that
 /// `is_last` picks: what lies below a known frame is often the same every time.
 /// Symbols are resolved on the calling thread, never in the signal handler.
@@ -414,434 +446,7 @@ pub(crate) fn capture_until(
     timeout: Duration,
     is_last: impl Fn(&Frame) -> bool,
 ) -> Result<Stack, Error> {
-    capture_impl(tid, Instant::now() + timeout, &is_last, &|| {})
-}
-
-/// One capture at a time in the process (the signal's atomics are shared), and the
-/// unwind tables, kept between captures. Never waited on past a capture's deadline.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-static CAPTURE: std::sync::Mutex<parked::Unwinder> = std::sync::Mutex::new(parked::Unwinder::new());
-
-/// The return addresses of thread `tid`'s stack, innermost first, and how they were
-/// found: unwound from outside when it is blocked in the kernel, from the registers a
-/// signal recorded when it runs. `before_recheck` runs between the looks at the thread
-/// and the last look before the signal (tests move the thread there).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn unwind_thread(
-    tid: u32,
-    deadline: Instant,
-    before_recheck: &dyn Fn(),
-) -> Result<(parked::Unwound, Method), Error> {
-    let mut unwinder = lock_until(deadline)?;
-    Ok(match whereabouts(tid, deadline)? {
-        parked::Whereabouts::Parked(at) => (
-            unwind_parked(&mut unwinder, tid, at, deadline)?,
-            Method::Kernel,
-        ),
-        parked::Whereabouts::Running => {
-            match signalled(&mut unwinder, tid, deadline, before_recheck)? {
-                Signalled::Unwound(unwound) => (unwound, Method::Signal),
-                Signalled::Parked(at) => (
-                    unwind_parked(&mut unwinder, tid, at, deadline)?,
-                    Method::Kernel,
-                ),
-            }
-        }
-    })
-}
-
-/// Captures thread `tid`'s stack (see [`unwind_thread`]) and resolves its frames.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn capture_impl(
-    tid: u32,
-    deadline: Instant,
-    is_last: &dyn Fn(&Frame) -> bool,
-    before_recheck: &dyn Fn(),
-) -> Result<Stack, Error> {
-    let (mut unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
-    if let Some(poll_frame) = anchor::of(tid) {
-        check_against_the_poll_frame(&mut unwound, poll_frame as u64);
-    }
-    let addresses = &unwound.addresses;
-    let started = Instant::now();
-    // Each file's symbols are opened once per stack.
-    let lookups: Vec<(usize, usize)> = addresses.iter().map(|a| (a.ip, a.lookup)).collect();
-    let mut symbols = symbols::resolve(&lookups, is_last);
-    if let (Some(first), Some(innermost)) = (addresses.first(), symbols.frames.first_mut()) {
-        line_of_the_next_statement(first.lookup, innermost);
-    }
-    let resolved = symbols.frames.len();
-    let frames: Vec<Frame> = symbols.frames.iter().flatten().cloned().collect();
-    // What a stack costs the monitor, for docs/performance.md.
-    tracing::debug!(
-        target: "reconcile_watchdog::stack",
-        resolved,
-        frames = frames.len(),
-        took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-        "stack symbolized"
-    );
-    if frames.is_empty() {
-        return Err(Error::Empty);
-    }
-    Ok(Stack {
-        frames,
-        left_out: addresses.len() - resolved,
-        method,
-        stopped_early: unwound
-            .stopped_early
-            .filter(|_| !ends_at_a_thread_entry(addresses)),
-        missing_symbols: symbols.missing(resolved),
-    })
-}
-
-/// Whether `frame` is the guard's poll (`Guarded::poll` or code inlined into it).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn is_the_guards_poll(frame: &Frame) -> bool {
-    frame
-        .file
-        .as_deref()
-        .is_some_and(|file| file.ends_with("src/guard/guarded.rs"))
-        || frame
-            .function
-            .as_deref()
-            .is_some_and(|f| f.starts_with("<reconcile_watchdog::guard::guarded::Guarded<"))
-}
-
-/// Checks a walk against the stack address the guard recorded in its poll frame: the
-/// walk must have gone through that frame, and found the guard's poll there. A walk that
-/// ended below it says so, unless it said why already; one that found another function
-/// there went astray somewhere below it (each step was vouched for, but the walk as a
-/// whole is not), and keeps only its frames below that address, saying so. Never a stack
-/// shown as whole that did not reach the guard's poll.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn check_against_the_poll_frame(unwound: &mut parked::Unwound, poll_frame: u64) {
-    let starts: Vec<(usize, u64)> = unwound
-        .frame_starts
-        .iter()
-        .enumerate()
-        .filter_map(|(n, start)| start.map(|start| (n, start)))
-        .collect();
-    // The frame that holds the address: it starts below it, and its caller above it.
-    let holder = starts
-        .windows(2)
-        .find(|pair| pair[0].1 <= poll_frame && poll_frame < pair[1].1)
-        .map(|pair| (pair[0].0, pair[1].0));
-    let Some((from, to)) = holder else {
-        if unwound.stopped_early.is_none()
-            && let Some(last) = unwound.addresses.last()
-        {
-            unwound.stopped_early = Some(format!(
-                "frames above {:#x} could not be unwound: the unwind ended before the guard's poll frame (at {poll_frame:#x} on the stack)",
-                last.ip
-            ));
-        }
-        return;
-    };
-    let lookups: Vec<(usize, usize)> = unwound.addresses[from..to]
-        .iter()
-        .map(|a| (a.ip, a.lookup))
-        .collect();
-    let resolved = symbols::resolve(&lookups, &|_| false);
-    let frames: Vec<&Frame> = resolved.frames.iter().flatten().collect();
-    // Without symbols the frame cannot be told by name: its place is what is checked.
-    let named = frames.iter().any(|f| f.function.is_some());
-    if !named || frames.iter().any(|f| is_the_guards_poll(f)) {
-        return;
-    }
-    let keep = from.max(1);
-    let below = unwound.addresses[keep - 1].ip;
-    unwound.addresses.truncate(keep);
-    unwound.frame_starts.truncate(keep);
-    unwound.stopped_early = Some(format!(
-        "frames above {below:#x} could not be unwound: the unwind did not go through the guard's poll frame (at {poll_frame:#x} on the stack), so the frames it found above cannot be vouched for"
-    ));
-}
-
-/// How far past an interrupted instruction without a line to look for one.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-const NEXT_LINE_SEARCH: usize = 16;
-
-/// The line table gives some instructions no line (line 0: glue the compiler could not
-/// give one statement, such as a loop's head), and a thread can be stopped at one: the
-/// innermost function's frame (the last of `frames`) then gets the line of the next
-/// instruction of the same function that has one, the statement it was about to run.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
-    let Some(innermost) = frames.last_mut() else {
-        return;
-    };
-    if innermost.line.is_some() || innermost.file.is_none() {
-        return;
-    }
-    let lookups: Vec<(usize, usize)> = (1..=NEXT_LINE_SEARCH)
-        .map(|offset| (pc, pc.saturating_add(offset)))
-        .collect();
-    let next = symbols::resolve(&lookups, &|_| false);
-    if let Some(found) = next
-        .frames
-        .iter()
-        .filter_map(|frames| frames.last())
-        .find(|found| {
-            found.function == innermost.function
-                && found.file == innermost.file
-                && found.line.is_some()
-        })
-    {
-        innermost.line = found.line;
-    }
-}
-
-/// The functions a thread's stack starts in (glibc's): an unwind that stops there,
-/// whatever the unwinder makes of the frame beyond, has the whole stack.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-const THREAD_ENTRIES: &[&str] = &[
-    "start_thread",
-    "clone3",
-    "__clone3",
-    "clone",
-    "__clone",
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-];
-
-/// Whether the outermost of `addresses` is in a function a thread starts in, or past
-/// the standard library's thread start with only unnamed frames after it (libc's
-/// `start_thread` and `clone3`, which call it, are not in libc's symbol table on most
-/// distributions: their frames are then unnamed).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn ends_at_a_thread_entry(addresses: &[parked::Address]) -> bool {
-    let outermost: Vec<(usize, usize)> = addresses
-        .iter()
-        .rev()
-        .take(3)
-        .map(|a| (a.ip, a.lookup))
-        .collect();
-    let resolved = symbols::resolve(&outermost, &|_| false);
-    let names = |frames: &Vec<Frame>| -> Vec<String> {
-        frames.iter().filter_map(|f| f.function.clone()).collect()
-    };
-    for frames in &resolved.frames {
-        let names = names(frames);
-        if names
-            .iter()
-            .any(|n| THREAD_ENTRIES.contains(&n.as_str()) || n.ends_with("::thread_start"))
-        {
-            return true;
-        }
-        // An unnamed frame outside the standard library's start: go on inwards.
-        if !names.is_empty() {
-            return false;
-        }
-    }
-    false
-}
-
-/// The capture lock, waited for until `deadline` at most. A capture that panicked
-/// holding it leaves tables that may be half built: they are dropped.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn lock_until(
-    deadline: Instant,
-) -> Result<std::sync::MutexGuard<'static, parked::Unwinder>, Error> {
-    loop {
-        match CAPTURE.try_lock() {
-            Ok(guard) => return Ok(guard),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
-                let mut guard = poisoned.into_inner();
-                *guard = parked::Unwinder::new();
-                CAPTURE.clear_poison();
-                return Ok(guard);
-            }
-            Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => {
-                return Err(Error::Busy);
-            }
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-}
-
-/// How many times, a millisecond apart, a thread must be seen running before it is
-/// signalled: a thread that is mostly blocked (a loop of short reads or sleeps) is
-/// then caught blocked and unwound from outside, not signalled as it enters a call.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-const RUNNING_LOOKS: usize = 5;
-
-/// Where thread `tid` is: blocked, or running at each of [`RUNNING_LOOKS`] looks and
-/// never blocked in between (its count of voluntary context switches unchanged). A
-/// thread that blocked between the looks is not a busy loop: it is looked at until it
-/// is caught blocked, and unwound from outside, or the deadline passes; it is not
-/// signalled (the signal could find it entering a system call).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn whereabouts(tid: u32, deadline: Instant) -> Result<parked::Whereabouts, Error> {
-    let switches = voluntary_switches(tid);
-    let found = looks(tid, deadline)?;
-    if found != parked::Whereabouts::Running || switches.is_none() {
-        return Ok(found);
-    }
-    if voluntary_switches(tid) == switches {
-        return Ok(found);
-    }
-    loop {
-        if let found @ parked::Whereabouts::Parked(_) = look_at(tid)? {
-            return Ok(found);
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::KeptMoving { tid });
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// How many times thread `tid` has blocked (`voluntary_ctxt_switches` in its status).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn voluntary_switches(tid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
-        .and_then(|count| count.trim().parse().ok())
-}
-
-/// Blocked at one of [`RUNNING_LOOKS`] looks a millisecond apart, or running at each.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn looks(tid: u32, deadline: Instant) -> Result<parked::Whereabouts, Error> {
-    for look in 1..=RUNNING_LOOKS {
-        match look_at(tid)? {
-            parked::Whereabouts::Running if look < RUNNING_LOOKS => {
-                if Instant::now() >= deadline {
-                    return Err(Error::Deadline {
-                        tid,
-                        doing: "watching whether the thread keeps running",
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            found => return Ok(found),
-        }
-    }
-    Ok(parked::Whereabouts::Running)
-}
-
-/// One look at where thread `tid` is.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn look_at(tid: u32) -> Result<parked::Whereabouts, Error> {
-    parked::whereabouts(tid).map_err(|source| whereabouts_error(tid, source))
-}
-
-/// A `syscall` file that is missing is only "no such thread" when the thread's
-/// directory is missing too (a kernel without that file has the directory) and this
-/// process's is there (without `/proc`, nothing is known of the thread).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn whereabouts_error(tid: u32, source: std::io::Error) -> Error {
-    if source.kind() == std::io::ErrorKind::NotFound
-        && std::path::Path::new("/proc/self/task").exists()
-        && !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
-    {
-        return Error::NoSuchThread { tid, source };
-    }
-    Error::Whereabouts { tid, source }
-}
-
-/// The error of a failed unwind of thread `tid`; `parked` when it was blocked.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn unwind_error(tid: u32, failure: parked::Failure, parked: bool) -> Error {
-    match failure {
-        parked::Failure::KeptMoving | parked::Failure::Running => Error::KeptMoving { tid },
-        parked::Failure::Whereabouts(source) => whereabouts_error(tid, source),
-        parked::Failure::Maps(source) => Error::Maps(source),
-        parked::Failure::Stack(source) => Error::StackRead { tid, source },
-        parked::Failure::Deadline(doing) => Error::Deadline { tid, doing },
-        parked::Failure::Unsupported if parked => Error::BlockedUnwindUnsupported { tid },
-        parked::Failure::Unsupported => {
-            Error::Unsupported("unwinding is implemented for x86_64 and aarch64 only")
-        }
-    }
-}
-
-/// The frames of a thread blocked in the kernel, unwound from outside.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn unwind_parked(
-    unwinder: &mut parked::Unwinder,
-    tid: u32,
-    at: parked::Parked,
-    deadline: Instant,
-) -> Result<parked::Unwound, Error> {
-    parked::unwind_parked(unwinder, tid, at, MAX_FRAMES, deadline)
-        .map_err(|failure| unwind_error(tid, failure, true))
-}
-
-/// What the signal path found.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-enum Signalled {
-    /// The stack of the running thread.
-    Unwound(parked::Unwound),
-    /// The thread was blocked at the last look before the signal, which was not sent.
-    Parked(parked::Parked),
-}
-
-/// The stack of a running thread: stopped by the signal while its stack is copied,
-/// unwound here from the registers it was interrupted at.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn signalled(
-    unwinder: &mut parked::Unwinder,
-    tid: u32,
-    deadline: Instant,
-    before_recheck: &dyn Fn(),
-) -> Result<Signalled, Error> {
-    // Everything that can be done before the signal is, so that the thread is held
-    // only for the copy of its stack.
-    let maps = parked::Maps::read().map_err(Error::Maps)?;
-    unwinder
-        .update(&maps, deadline)
-        .map_err(|failure| unwind_error(tid, failure, false))?;
-    let prepared =
-        parked::PreparedCopy::new().map_err(|source| Error::StackRead { tid, source })?;
-    let armed = signal::arm(tid)?;
-    before_recheck();
-    // The last look, immediately before the signal: a thread that entered a system
-    // call since the looks above is not signalled (the signal would interrupt it).
-    if let parked::Whereabouts::Parked(at) = look_at(tid)? {
-        return Ok(Signalled::Parked(at));
-    }
-    armed.send()?;
-    let registers = armed.held(deadline)?;
-    let copying = Instant::now();
-    let copy = prepared.copy(&maps, registers.sp);
-    let still_held = armed.release();
-    // How long a capture stops a running thread, for docs/performance.md.
-    tracing::debug!(
-        target: "reconcile_watchdog::stack",
-        tid,
-        held_us = u64::try_from(copying.elapsed().as_micros()).unwrap_or(u64::MAX),
-        "running thread let go after its stack was copied"
-    );
-    if !still_held {
-        return Err(Error::LeftHandler {
-            tid,
-            held: signal::HOLD,
-        });
-    }
-    let copy = copy.map_err(|source| Error::StackRead { tid, source })?;
-    unwinder
-        .unwind(&maps, &registers, &copy, MAX_FRAMES, deadline)
-        .map(Signalled::Unwound)
-        .map_err(|failure| unwind_error(tid, failure, false))
-}
-
-#[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
-fn capture_impl(
-    _tid: u32,
-    _deadline: Instant,
-    _is_last: &dyn Fn(&Frame) -> bool,
-    _before_recheck: &dyn Fn(),
-) -> Result<Stack, Error> {
-    Err(Error::Unsupported(if cfg!(target_os = "linux") {
-        "built without the stack-capture feature"
-    } else {
-        "only on Linux"
-    }))
+    capture::capture_impl(tid, Instant::now() + timeout, &is_last, &|| {})
 }
 
 /// What is known of one thread at a hang: its stack where it could be captured, its

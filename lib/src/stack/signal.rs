@@ -1,17 +1,17 @@
 //! Stops a running thread just long enough to copy its stack: a signal to it, whose
 //! handler copies the interrupted registers into preallocated atomics and waits, a
 //! bounded time, while the caller copies the stack. (A thread blocked in the kernel is
-//! never signalled: see the `parked` module.)
+//! never signalled: see `parked.rs`.)
 //!
 //! The handler does only what is async-signal-safe: atomic loads, stores and
 //! compare-exchanges, `gettid`, `clock_gettime` and `futex`, all on memory that is
 //! always valid. It never unwinds, allocates, locks or formats: the caller unwinds the
-//! copy on its own thread (the `parked` module's unwinder). It runs on the thread's
+//! copy on its own thread (`unwind.rs`). It runs on the thread's
 //! alternate signal stack, so a thread at the end of its stack is not pushed over it:
 //! only a thread known to have one is signalled (see the `alt_stack` module). Every
 //! wait on either side is bounded: a handler that never runs (signal blocked, thread
 //! stopped or gone) costs the caller one timeout, and a caller that never comes back
-//! costs the thread [`HOLD`] at most.
+//! costs the thread [`MAX_HOLD`] at most.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_int, c_void};
@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::Error;
-use super::parked::Registers;
+use super::unwind::Registers;
 
 /// The signal used unless [`choose`] picked another: SIGURG, whose default action is to
 /// be ignored (Go's runtime preempts goroutines with it for that reason). Should
@@ -29,23 +29,25 @@ use super::parked::Registers;
 /// out-of-band socket data to a process that asked for it (`F_SETOWN`).
 pub(super) const DEFAULT_SIGNAL: c_int = libc::SIGURG;
 
-/// How long the handler holds its thread at most, waiting for the caller to copy the
-/// stack (a copy takes well under a millisecond; this is for a caller that is not
+/// How long the handler keeps its thread stopped at most, waiting for the caller to
+/// copy the stack (a copy takes well under a millisecond; this is for a caller that is not
 /// scheduled).
-pub(super) const HOLD: Duration = Duration::from_millis(50);
+pub(super) const MAX_HOLD: Duration = Duration::from_millis(50);
 
 // A capture's life, in one word with the kernel tid it is for, so that a handler
 // claims it only if it is armed *for its own thread*, in one atomic step (a late signal
-// from an earlier capture must not fill in a later one): the caller arms it; the
-// handler claims it (ARMED -> RECORDING), copies the registers and holds its thread
-// (HELD) until the caller releases it (-> IDLE) or HOLD passes (HELD -> LEFT). The
-// caller returns the word to IDLE whatever happened. A u32 so that the handler can
+// from an earlier capture must not fill in a later one): the caller arms it
+// (`arm`: ARMED); the handler claims it (RECORDING), copies the registers and keeps
+// its thread stopped (STOPPED, `wait_for_release`) while the caller, which waited for
+// that (`Armed::wait_for_registers`), copies the stack and releases it
+// (`Armed::release`: -> IDLE), or until MAX_HOLD passes (-> GAVE_UP). The caller
+// returns the word to IDLE whatever happened. A u32 so that the handler can
 // wait on it with `futex`; tids are below 2^22 (the kernel's PID_MAX_LIMIT).
 const IDLE: u32 = 0;
 const ARMED: u32 = 1;
 const RECORDING: u32 = 2;
-const HELD: u32 = 3;
-const LEFT: u32 = 4;
+const STOPPED: u32 = 3;
+const GAVE_UP: u32 = 4;
 const PHASE_BITS: u32 = 3;
 static STATE: AtomicU32 = AtomicU32::new(IDLE);
 
@@ -161,8 +163,14 @@ pub(super) fn arm(tid: u32) -> Result<Armed, Error> {
             owner: owner.describe(),
         });
     }
-    if !super::alt_stack::is_ready(tid) {
-        return Err(Error::NoAlternateStack { tid });
+    match super::alt_stack::is_ready(tid) {
+        Some(true) => {}
+        Some(false) => return Err(Error::NoAlternateStack { tid }),
+        None => {
+            return Err(Error::Contended {
+                what: "threads with an alternate signal stack",
+            });
+        }
     }
     if tid >= 1 << (32 - PHASE_BITS) {
         return Err(Error::NoSuchThread {
@@ -203,19 +211,19 @@ impl Armed {
         Ok(())
     }
 
-    /// Waits, at most until `deadline`, for the handler to hold its thread, and gives
-    /// the registers it was interrupted at.
-    pub(super) fn held(&self, deadline: Instant) -> Result<Registers, Error> {
-        let held = state(self.tid, HELD);
+    /// The caller's side: waits, at most until `deadline`, for the handler to have
+    /// stopped its thread, and gives the registers it was interrupted at.
+    pub(super) fn wait_for_registers(&self, deadline: Instant) -> Result<Registers, Error> {
+        let stopped = state(self.tid, STOPPED);
         loop {
             let now = STATE.load(Ordering::Acquire);
-            if now == state(self.tid, LEFT) {
+            if now == state(self.tid, GAVE_UP) {
                 return Err(Error::LeftHandler {
                     tid: self.tid,
-                    held: HOLD,
+                    held: MAX_HOLD,
                 });
             }
-            if now == held {
+            if now == stopped {
                 let lr = LR.load(Ordering::Relaxed);
                 return Ok(Registers {
                     pc: PC.load(Ordering::Relaxed),
@@ -232,11 +240,11 @@ impl Armed {
     }
 
     /// Lets the thread go: whether it was still held, so that what was copied since
-    /// [`Self::held`] is the stack it was interrupted with.
+    /// [`Self::wait_for_registers`] is the stack it was interrupted with.
     pub(super) fn release(self) -> bool {
         STATE
             .compare_exchange(
-                state(self.tid, HELD),
+                state(self.tid, STOPPED),
                 IDLE,
                 Ordering::AcqRel,
                 Ordering::Acquire,
@@ -341,7 +349,7 @@ fn last_errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// Wakes a handler waiting in [`hold`].
+/// Wakes a handler waiting in [`wait_for_release`].
 fn wake_handler() {
     // SAFETY: FUTEX_WAKE on the address of a static atomic, valid for the whole
     // process; the other arguments are ignored for this operation.
@@ -361,12 +369,12 @@ extern "C" fn on_signal(_signal: c_int, _info: *mut libc::siginfo_t, context: *m
     // SAFETY: `__errno_location` returns the calling thread's errno slot, valid for
     // the thread's life; the handler restores it so the interrupted code sees its own.
     let errno = unsafe { *libc::__errno_location() };
-    record_and_hold(context);
+    record_and_wait_for_release(context);
     // SAFETY: as above, this thread's errno slot.
     unsafe { *libc::__errno_location() = errno };
 }
 
-fn record_and_hold(context: *mut c_void) {
+fn record_and_wait_for_release(context: *mut c_void) {
     // SAFETY: gettid is a system call without arguments or preconditions.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let Ok(tid) = u32::try_from(tid) else {
@@ -388,7 +396,7 @@ fn record_and_hold(context: *mut c_void) {
         // Nothing to give: withdraw the claim (the caller times out).
         let _ = STATE.compare_exchange(
             state(tid, RECORDING),
-            state(tid, LEFT),
+            state(tid, GAVE_UP),
             Ordering::AcqRel,
             Ordering::Relaxed,
         );
@@ -402,30 +410,31 @@ fn record_and_hold(context: *mut c_void) {
     if STATE
         .compare_exchange(
             state(tid, RECORDING),
-            state(tid, HELD),
+            state(tid, STOPPED),
             Ordering::AcqRel,
             Ordering::Relaxed,
         )
         .is_ok()
     {
-        hold(state(tid, HELD), state(tid, LEFT));
+        wait_for_release(state(tid, STOPPED), state(tid, GAVE_UP));
     }
 }
 
-/// Waits while the word is `held`, at most [`HOLD`]; then marks it `left`, so that the
-/// caller knows its copy may be of a stack that has moved on.
-fn hold(held: u32, left: u32) {
-    let Some(until) = monotonic_ns().map(|now| now + HOLD.as_nanos() as u64) else {
-        let _ = STATE.compare_exchange(held, left, Ordering::AcqRel, Ordering::Relaxed);
+/// The handler's side: keeps its thread stopped while the word is `stopped` (until the
+/// caller's release), at most [`MAX_HOLD`]; then marks it `gave_up`, so that the caller
+/// knows its copy may be of a stack that has moved on.
+fn wait_for_release(stopped: u32, gave_up: u32) {
+    let Some(until) = monotonic_ns().map(|now| now + MAX_HOLD.as_nanos() as u64) else {
+        let _ = STATE.compare_exchange(stopped, gave_up, Ordering::AcqRel, Ordering::Relaxed);
         return;
     };
     loop {
-        if STATE.load(Ordering::Acquire) != held {
+        if STATE.load(Ordering::Acquire) != stopped {
             return;
         }
         let now = monotonic_ns().unwrap_or(u64::MAX);
         if now >= until {
-            let _ = STATE.compare_exchange(held, left, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = STATE.compare_exchange(stopped, gave_up, Ordering::AcqRel, Ordering::Relaxed);
             return;
         }
         let left_ns = until - now;
@@ -435,14 +444,14 @@ fn hold(held: u32, left: u32) {
         };
         // SAFETY: FUTEX_WAIT on the address of a static atomic, valid for the whole
         // process, with a valid relative timeout; it returns at once if the word is no
-        // longer `held`, on a wake, on the timeout or on a signal, and the loop looks
+        // longer `stopped`, on a wake, on the timeout or on a signal, and the loop looks
         // again each time.
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
                 STATE.as_ptr(),
                 libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                held,
+                stopped,
                 &raw const timeout,
             );
         }
@@ -511,7 +520,7 @@ mod tests {
     use std::sync::{Arc, MutexGuard, mpsc};
 
     use super::*;
-    use crate::stack::parked::Unwinder;
+    use crate::stack::unwind::Unwinder;
 
     fn one_capture_at_a_time() -> MutexGuard<'static, Unwinder> {
         crate::stack::CAPTURE
@@ -574,7 +583,7 @@ mod tests {
         let started = Instant::now();
         let armed = arm(tid).expect("armed");
         armed.send().expect("sent");
-        let err = armed.held(Instant::now() + timeout).expect_err("no stack");
+        let err = armed.wait_for_registers(Instant::now() + timeout).expect_err("no stack");
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
         drop(armed);
@@ -587,7 +596,7 @@ mod tests {
         let armed = arm(tid).expect("armed");
         armed.send().expect("sent");
         let registers = armed
-            .held(Instant::now() + Duration::from_secs(5))
+            .wait_for_registers(Instant::now() + Duration::from_secs(5))
             .unwrap_or_else(|err| panic!("{err}"));
         assert!(registers.pc != 0 && registers.sp != 0, "{registers:?}");
         let during = spins.load(Ordering::Relaxed);
@@ -607,11 +616,11 @@ mod tests {
         let armed = arm(tid).expect("armed");
         armed.send().expect("sent");
         armed
-            .held(Instant::now() + Duration::from_secs(5))
+            .wait_for_registers(Instant::now() + Duration::from_secs(5))
             .unwrap_or_else(|err| panic!("{err}"));
         let during = spins.load(Ordering::Relaxed);
         // A caller that is not scheduled for longer than the hold.
-        std::thread::sleep(HOLD * 3);
+        std::thread::sleep(MAX_HOLD * 3);
         let deadline = Instant::now() + Duration::from_secs(10);
         while spins.load(Ordering::Relaxed) == during {
             assert!(Instant::now() < deadline, "the thread was never let go");
@@ -866,7 +875,7 @@ mod blocked_calls {
                     .unwrap_or_else(|p| p.into_inner());
                 let armed = arm(blocked.tid).expect("armed");
                 armed.send().expect("sent");
-                let _ = armed.held(Instant::now() + Duration::from_secs(5));
+                let _ = armed.wait_for_registers(Instant::now() + Duration::from_secs(5));
             }
             std::thread::sleep(Duration::from_millis(10));
         }

@@ -21,7 +21,7 @@ use blazesym::symbolize::source::{Elf, GsymFile, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::parked::Maps;
+use super::unwind::Maps;
 use super::{Frame, MissingSymbols, short_path};
 
 /// The frames of a batch of addresses, and where each address lies.

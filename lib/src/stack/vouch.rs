@@ -15,7 +15,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use super::parked::Maps;
+use super::unwind::Maps;
 
 /// How a step was vouched for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,438 @@
+//! One capture, step by step: look at the thread, unwind it from the kernel's registers
+//! when it is blocked or from the signal's when it runs, check the walk against the
+//! guard's poll frame, resolve the frames.
+
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+use std::time::Duration;
+use std::time::Instant;
+
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+use super::{MAX_FRAMES, Method, anchor, parked, signal, symbols, unwind};
+use super::{Error, Frame, Stack};
+
+/// One capture at a time in the process (the signal's atomics are shared), and the
+/// unwind tables, kept between captures. Never waited on past a capture's deadline.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+static CAPTURE: std::sync::Mutex<unwind::Unwinder> = std::sync::Mutex::new(unwind::Unwinder::new());
+
+/// The return addresses of thread `tid`'s stack, innermost first, and how they were
+/// found: unwound from outside when it is blocked in the kernel, from the registers a
+/// signal recorded when it runs. `before_recheck` runs between the looks at the thread
+/// and the last look before the signal (tests move the thread there).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(super) fn unwind_thread(
+    tid: u32,
+    deadline: Instant,
+    before_recheck: &dyn Fn(),
+) -> Result<(unwind::Unwound, Method), Error> {
+    let mut unwinder = lock_until(deadline)?;
+    Ok(match whereabouts(tid, deadline)? {
+        parked::Whereabouts::Parked(at) => (
+            unwind_parked(&mut unwinder, tid, at, deadline)?,
+            Method::Kernel,
+        ),
+        parked::Whereabouts::Running => {
+            match signalled(&mut unwinder, tid, deadline, before_recheck)? {
+                Signalled::Unwound(unwound) => (unwound, Method::Signal),
+                Signalled::Parked(at) => (
+                    unwind_parked(&mut unwinder, tid, at, deadline)?,
+                    Method::Kernel,
+                ),
+            }
+        }
+    })
+}
+
+/// Captures thread `tid`'s stack (see [`unwind_thread`]) and resolves its frames.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(super) fn capture_impl(
+    tid: u32,
+    deadline: Instant,
+    is_last: &dyn Fn(&Frame) -> bool,
+    before_recheck: &dyn Fn(),
+) -> Result<Stack, Error> {
+    let (mut unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
+    if let Some(poll_frame) = anchor::of(tid) {
+        check_against_the_poll_frame(&mut unwound, poll_frame as u64);
+    }
+    let addresses = &unwound.addresses;
+    let started = Instant::now();
+    // Each file's symbols are opened once per stack.
+    let lookups: Vec<(usize, usize)> = addresses.iter().map(|a| (a.ip, a.lookup)).collect();
+    let mut symbols = symbols::resolve(&lookups, is_last);
+    if let (Some(first), Some(innermost)) = (addresses.first(), symbols.frames.first_mut()) {
+        line_of_the_next_statement(first.lookup, innermost);
+    }
+    let resolved = symbols.frames.len();
+    let frames: Vec<Frame> = symbols.frames.iter().flatten().cloned().collect();
+    // What a stack costs the monitor, for docs/performance.md.
+    tracing::debug!(
+        target: "reconcile_watchdog::stack",
+        resolved,
+        frames = frames.len(),
+        took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "stack symbolized"
+    );
+    if frames.is_empty() {
+        return Err(Error::Empty);
+    }
+    Ok(Stack {
+        frames,
+        left_out: addresses.len() - resolved,
+        method,
+        stopped_early: unwound
+            .stopped_early
+            .filter(|_| !ends_at_a_thread_entry(addresses)),
+        missing_symbols: symbols.missing(resolved),
+    })
+}
+
+/// Whether `frame` is the guard's poll (`Guarded::poll` or code inlined into it).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn is_the_guards_poll(frame: &Frame) -> bool {
+    frame
+        .file
+        .as_deref()
+        .is_some_and(|file| file.ends_with("src/guard/guarded.rs"))
+        || frame
+            .function
+            .as_deref()
+            .is_some_and(|f| f.starts_with("<reconcile_watchdog::guard::guarded::Guarded<"))
+}
+
+/// Checks a walk against the stack address the guard recorded in its poll frame: the
+/// walk must have gone through that frame, and found the guard's poll there. A walk that
+/// ended below it says so, unless it said why already; one that found another function
+/// there went astray somewhere below it (each step was vouched for, but the walk as a
+/// whole is not), and keeps only its frames below that address, saying so. Never a stack
+/// shown as whole that did not reach the guard's poll.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn check_against_the_poll_frame(unwound: &mut unwind::Unwound, poll_frame: u64) {
+    let starts: Vec<(usize, u64)> = unwound
+        .frame_starts
+        .iter()
+        .enumerate()
+        .filter_map(|(n, start)| start.map(|start| (n, start)))
+        .collect();
+    // The frame that holds the address: it starts below it, and its caller above it.
+    let holder = starts
+        .windows(2)
+        .find(|pair| pair[0].1 <= poll_frame && poll_frame < pair[1].1)
+        .map(|pair| (pair[0].0, pair[1].0));
+    let Some((from, to)) = holder else {
+        if unwound.stopped_early.is_none()
+            && let Some(last) = unwound.addresses.last()
+        {
+            unwound.stopped_early = Some(format!(
+                "frames above {:#x} could not be unwound: the unwind ended before the guard's poll frame (at {poll_frame:#x} on the stack)",
+                last.ip
+            ));
+        }
+        return;
+    };
+    let lookups: Vec<(usize, usize)> = unwound.addresses[from..to]
+        .iter()
+        .map(|a| (a.ip, a.lookup))
+        .collect();
+    let resolved = symbols::resolve(&lookups, &|_| false);
+    let frames: Vec<&Frame> = resolved.frames.iter().flatten().collect();
+    // Without symbols the frame cannot be told by name: its place is what is checked.
+    let named = frames.iter().any(|f| f.function.is_some());
+    if !named || frames.iter().any(|f| is_the_guards_poll(f)) {
+        return;
+    }
+    let keep = from.max(1);
+    let below = unwound.addresses[keep - 1].ip;
+    unwound.addresses.truncate(keep);
+    unwound.frame_starts.truncate(keep);
+    unwound.stopped_early = Some(format!(
+        "frames above {below:#x} could not be unwound: the unwind did not go through the guard's poll frame (at {poll_frame:#x} on the stack), so the frames it found above cannot be vouched for"
+    ));
+}
+
+/// How far past an interrupted instruction without a line to look for one.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const NEXT_LINE_SEARCH: usize = 16;
+
+/// The line table gives some instructions no line (line 0: glue the compiler could not
+/// give one statement, such as a loop's head), and a thread can be stopped at one: the
+/// innermost function's frame (the last of `frames`) then gets the line of the next
+/// instruction of the same function that has one, the statement it was about to run.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
+    let Some(innermost) = frames.last_mut() else {
+        return;
+    };
+    if innermost.line.is_some() || innermost.file.is_none() {
+        return;
+    }
+    let lookups: Vec<(usize, usize)> = (1..=NEXT_LINE_SEARCH)
+        .map(|offset| (pc, pc.saturating_add(offset)))
+        .collect();
+    let next = symbols::resolve(&lookups, &|_| false);
+    if let Some(found) = next
+        .frames
+        .iter()
+        .filter_map(|frames| frames.last())
+        .find(|found| {
+            found.function == innermost.function
+                && found.file == innermost.file
+                && found.line.is_some()
+        })
+    {
+        innermost.line = found.line;
+    }
+}
+
+/// The functions a thread's stack starts in (glibc's): an unwind that stops there,
+/// whatever the unwinder makes of the frame beyond, has the whole stack.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const THREAD_ENTRIES: &[&str] = &[
+    "start_thread",
+    "clone3",
+    "__clone3",
+    "clone",
+    "__clone",
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+];
+
+/// Whether the outermost of `addresses` is in a function a thread starts in, or past
+/// the standard library's thread start with only unnamed frames after it (libc's
+/// `start_thread` and `clone3`, which call it, are not in libc's symbol table on most
+/// distributions: their frames are then unnamed).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn ends_at_a_thread_entry(addresses: &[unwind::Address]) -> bool {
+    let outermost: Vec<(usize, usize)> = addresses
+        .iter()
+        .rev()
+        .take(3)
+        .map(|a| (a.ip, a.lookup))
+        .collect();
+    let resolved = symbols::resolve(&outermost, &|_| false);
+    let names = |frames: &Vec<Frame>| -> Vec<String> {
+        frames.iter().filter_map(|f| f.function.clone()).collect()
+    };
+    for frames in &resolved.frames {
+        let names = names(frames);
+        if names
+            .iter()
+            .any(|n| THREAD_ENTRIES.contains(&n.as_str()) || n.ends_with("::thread_start"))
+        {
+            return true;
+        }
+        // An unnamed frame outside the standard library's start: go on inwards.
+        if !names.is_empty() {
+            return false;
+        }
+    }
+    false
+}
+
+/// The capture lock, waited for until `deadline` at most. A capture that panicked
+/// holding it leaves tables that may be half built: they are dropped.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn lock_until(
+    deadline: Instant,
+) -> Result<std::sync::MutexGuard<'static, unwind::Unwinder>, Error> {
+    loop {
+        match CAPTURE.try_lock() {
+            Ok(guard) => return Ok(guard),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                let mut guard = poisoned.into_inner();
+                *guard = unwind::Unwinder::new();
+                CAPTURE.clear_poison();
+                return Ok(guard);
+            }
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                return Err(Error::Busy);
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// How many times, a millisecond apart, a thread must be seen running before it is
+/// signalled: a thread that is mostly blocked (a loop of short reads or sleeps) is
+/// then caught blocked and unwound from outside, not signalled as it enters a call.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const RUNNING_LOOKS: usize = 5;
+
+/// Where thread `tid` is: blocked, or running at each of [`RUNNING_LOOKS`] looks and
+/// never blocked in between (its count of voluntary context switches unchanged). A
+/// thread that blocked between the looks is not a busy loop: it is looked at until it
+/// is caught blocked, and unwound from outside, or the deadline passes; it is not
+/// signalled (the signal could find it entering a system call).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn whereabouts(tid: u32, deadline: Instant) -> Result<parked::Whereabouts, Error> {
+    let switches = voluntary_switches(tid);
+    let found = looks(tid, deadline)?;
+    if found != parked::Whereabouts::Running || switches.is_none() {
+        return Ok(found);
+    }
+    if voluntary_switches(tid) == switches {
+        return Ok(found);
+    }
+    loop {
+        if let found @ parked::Whereabouts::Parked(_) = look_at(tid)? {
+            return Ok(found);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::KeptMoving { tid });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// How many times thread `tid` has blocked (`voluntary_ctxt_switches` in its status).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn voluntary_switches(tid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|count| count.trim().parse().ok())
+}
+
+/// Blocked at one of [`RUNNING_LOOKS`] looks a millisecond apart, or running at each.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn looks(tid: u32, deadline: Instant) -> Result<parked::Whereabouts, Error> {
+    for look in 1..=RUNNING_LOOKS {
+        match look_at(tid)? {
+            parked::Whereabouts::Running if look < RUNNING_LOOKS => {
+                if Instant::now() >= deadline {
+                    return Err(Error::Deadline {
+                        tid,
+                        doing: "watching whether the thread keeps running",
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            found => return Ok(found),
+        }
+    }
+    Ok(parked::Whereabouts::Running)
+}
+
+/// One look at where thread `tid` is.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn look_at(tid: u32) -> Result<parked::Whereabouts, Error> {
+    parked::whereabouts(tid).map_err(|source| whereabouts_error(tid, source))
+}
+
+/// A `syscall` file that is missing is only "no such thread" when the thread's
+/// directory is missing too (a kernel without that file has the directory) and this
+/// process's is there (without `/proc`, nothing is known of the thread).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn whereabouts_error(tid: u32, source: std::io::Error) -> Error {
+    if source.kind() == std::io::ErrorKind::NotFound
+        && std::path::Path::new("/proc/self/task").exists()
+        && !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists()
+    {
+        return Error::NoSuchThread { tid, source };
+    }
+    Error::Whereabouts { tid, source }
+}
+
+/// The error of a failed unwind of thread `tid`; `parked` when it was blocked.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn unwind_error(tid: u32, failure: unwind::Failure, parked: bool) -> Error {
+    match failure {
+        unwind::Failure::KeptMoving | unwind::Failure::Running => Error::KeptMoving { tid },
+        unwind::Failure::Whereabouts(source) => whereabouts_error(tid, source),
+        unwind::Failure::Maps(source) => Error::Maps(source),
+        unwind::Failure::Stack(source) => Error::StackRead { tid, source },
+        unwind::Failure::Deadline(doing) => Error::Deadline { tid, doing },
+        unwind::Failure::Unsupported if parked => Error::BlockedUnwindUnsupported { tid },
+        unwind::Failure::Unsupported => {
+            Error::Unsupported("unwinding is implemented for x86_64 and aarch64 only")
+        }
+    }
+}
+
+/// The frames of a thread blocked in the kernel, unwound from outside.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn unwind_parked(
+    unwinder: &mut unwind::Unwinder,
+    tid: u32,
+    at: parked::Parked,
+    deadline: Instant,
+) -> Result<unwind::Unwound, Error> {
+    parked::unwind_parked(unwinder, tid, at, MAX_FRAMES, deadline)
+        .map_err(|failure| unwind_error(tid, failure, true))
+}
+
+/// What the signal path found.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+enum Signalled {
+    /// The stack of the running thread.
+    Unwound(unwind::Unwound),
+    /// The thread was blocked at the last look before the signal, which was not sent.
+    Parked(parked::Parked),
+}
+
+/// The stack of a running thread: stopped by the signal while its stack is copied,
+/// unwound here from the registers it was interrupted at.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn signalled(
+    unwinder: &mut unwind::Unwinder,
+    tid: u32,
+    deadline: Instant,
+    before_recheck: &dyn Fn(),
+) -> Result<Signalled, Error> {
+    // Everything that can be done before the signal is, so that the thread is held
+    // only for the copy of its stack.
+    let maps = unwind::Maps::read().map_err(Error::Maps)?;
+    unwinder
+        .update(&maps, deadline)
+        .map_err(|failure| unwind_error(tid, failure, false))?;
+    let prepared =
+        unwind::PreparedCopy::new().map_err(|source| Error::StackRead { tid, source })?;
+    let armed = signal::arm(tid)?;
+    before_recheck();
+    // The last look, immediately before the signal: a thread that entered a system
+    // call since the looks above is not signalled (the signal would interrupt it).
+    if let parked::Whereabouts::Parked(at) = look_at(tid)? {
+        return Ok(Signalled::Parked(at));
+    }
+    armed.send()?;
+    let registers = armed.wait_for_registers(deadline)?;
+    let copying = Instant::now();
+    let copy = prepared.copy(&maps, registers.sp);
+    let still_held = armed.release();
+    // How long a capture stops a running thread, for docs/performance.md.
+    tracing::debug!(
+        target: "reconcile_watchdog::stack",
+        tid,
+        held_us = u64::try_from(copying.elapsed().as_micros()).unwrap_or(u64::MAX),
+        "running thread let go after its stack was copied"
+    );
+    if !still_held {
+        return Err(Error::LeftHandler {
+            tid,
+            held: signal::MAX_HOLD,
+        });
+    }
+    let copy = copy.map_err(|source| Error::StackRead { tid, source })?;
+    unwinder
+        .unwind(&maps, &registers, &copy, MAX_FRAMES, deadline)
+        .map(Signalled::Unwound)
+        .map_err(|failure| unwind_error(tid, failure, false))
+}
+
+#[cfg(not(all(feature = "stack-capture", target_os = "linux")))]
+pub(super) fn capture_impl(
+    _tid: u32,
+    _deadline: Instant,
+    _is_last: &dyn Fn(&Frame) -> bool,
+    _before_recheck: &dyn Fn(),
+) -> Result<Stack, Error> {
+    Err(Error::Unsupported(if cfg!(target_os = "linux") {
+        "built without the stack-capture feature"
+    } else {
+        "only on Linux"
+    }))
+}
