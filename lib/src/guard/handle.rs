@@ -55,8 +55,9 @@ impl ControllerHandle {
         self.controller.deadline
     }
 
-    /// The same controller with another deadline than the registry's [`Deadlines`] give
-    /// it, for the reconciles registered through the returned handle.
+    /// The same controller with another deadline than the registry's
+    /// [`Deadlines`](super::Deadlines) give it, for the reconciles registered through the
+    /// returned handle.
     #[must_use]
     pub fn with_deadline(self, deadline: Duration) -> Self {
         let c = &self.controller;

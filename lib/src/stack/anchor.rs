@@ -78,6 +78,7 @@ impl Drop for Anchor {
 
 /// The stack address of the guard's poll that thread `tid` is in, if it is in one and
 /// the list could be read (see [`super::lock_briefly`]: the monitor calls this).
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
 pub(crate) fn of(tid: u32) -> Option<usize> {
     let registered = super::lock_briefly(&REGISTERED)?;
     let &(_, cell) = registered.iter().find(|(t, _)| *t == tid)?;

@@ -6,14 +6,15 @@
 use std::time::Duration;
 use std::time::Instant;
 
+use super::{Error, Frame, Stack};
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 use super::{MAX_FRAMES, Method, anchor, parked, signal, symbols, unwind};
-use super::{Error, Frame, Stack};
 
 /// One capture at a time in the process (the signal's atomics are shared), and the
 /// unwind tables, kept between captures. Never waited on past a capture's deadline.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-static CAPTURE: std::sync::Mutex<unwind::Unwinder> = std::sync::Mutex::new(unwind::Unwinder::new());
+pub(super) static CAPTURE: std::sync::Mutex<unwind::Unwinder> =
+    std::sync::Mutex::new(unwind::Unwinder::new());
 
 /// The return addresses of thread `tid`'s stack, innermost first, and how they were
 /// found: unwound from outside when it is blocked in the kernel, from the registers a

@@ -1,6 +1,6 @@
 //! The native stack and kernel state of a thread stuck inside a poll.
 //!
-//! [`KernelState`] reads `/proc/self/task/<tid>/` and needs no privilege beyond being
+//! The kernel state (`kernel.rs`) reads `/proc/self/task/<tid>/` and needs no privilege beyond being
 //! the same process. [`capture`] never interrupts a thread blocked in the kernel: it
 //! unwinds such a thread from the registers the kernel shows for it (`parked.rs`,
 //! x86_64). Only a thread seen running in user space (a busy loop), and known to have
@@ -419,15 +419,15 @@ pub fn set_capture_signal(signal: i32) -> Result<(), Error> {
 }
 
 /// How many times [`lock_briefly`] tries a lock before it gives up.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
 const LOCK_TRIES: usize = 100;
 
 /// Takes `lock` if it comes free within a few tries. For the monitor, which must not
 /// wait on the threads it watches: they hold the capture's registries only to enter or
 /// leave them (a push or a removal), so a few tries are enough, and a thread stopped
 /// while holding one (by a debugger, say) costs a capture, never the monitor its scan.
-pub(crate) fn lock_briefly<T>(
-    lock: &std::sync::Mutex<T>,
-) -> Option<std::sync::MutexGuard<'_, T>> {
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+pub(crate) fn lock_briefly<T>(lock: &std::sync::Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
     (0..LOCK_TRIES).find_map(|_| match lock.try_lock() {
         Ok(guard) => Some(guard),
         Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),

@@ -30,7 +30,6 @@ pub(super) struct Parked {
     pc: u64,
 }
 
-
 impl Parked {
     fn registers(&self) -> Registers {
         Registers {
@@ -67,7 +66,6 @@ fn parse_whereabouts(line: &str) -> Option<Whereabouts> {
         pc: hex(fields[fields.len() - 1])?,
     }))
 }
-
 
 /// How many times a capture copies the stack of a thread that moves while it is read.
 const ATTEMPTS: usize = 3;
@@ -123,5 +121,4 @@ mod tests {
         assert_eq!(parse_whereabouts(""), None);
         assert_eq!(parse_whereabouts("7 zz 0x1"), None);
     }
-
 }

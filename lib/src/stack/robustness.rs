@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::tests::{TIMEOUT, capture_eventually, thread_running};
 use super::capture::{capture_impl, unwind_thread};
+use super::tests::{TIMEOUT, capture_eventually, thread_running};
 use super::{Error, Method, capture, capture_until, parked};
 
 /// Spins with a garbage frame pointer, and garbage where its return address would be,

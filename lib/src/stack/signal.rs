@@ -523,7 +523,7 @@ mod tests {
     use crate::stack::unwind::Unwinder;
 
     fn one_capture_at_a_time() -> MutexGuard<'static, Unwinder> {
-        crate::stack::CAPTURE
+        crate::stack::capture::CAPTURE
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
@@ -583,7 +583,9 @@ mod tests {
         let started = Instant::now();
         let armed = arm(tid).expect("armed");
         armed.send().expect("sent");
-        let err = armed.wait_for_registers(Instant::now() + timeout).expect_err("no stack");
+        let err = armed
+            .wait_for_registers(Instant::now() + timeout)
+            .expect_err("no stack");
         assert!(matches!(err, Error::Timeout { .. }), "{err}");
         assert!(started.elapsed() < timeout * 50, "bounded by the timeout");
         drop(armed);
@@ -870,7 +872,7 @@ mod blocked_calls {
         while blocked.interrupted() == 0 {
             assert!(Instant::now() < deadline, "never interrupted");
             {
-                let _one = crate::stack::CAPTURE
+                let _one = crate::stack::capture::CAPTURE
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
                 let armed = arm(blocked.tid).expect("armed");

@@ -28,7 +28,6 @@ pub(super) struct Registers {
     pub(super) lr: Option<u64>,
 }
 
-
 /// One frame found by the unwinder: where it is, and the address to look its symbol up
 /// by (a return address less one, so that it falls inside the call instruction and
 /// resolves to the calling line and inlined frame).
