@@ -43,6 +43,9 @@ pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 pub use handle::ControllerHandle;
+#[cfg(not(feature = "internals"))]
+#[cfg_attr(not(test), allow(unused_imports))]
+pub(crate) use registry::ControllerCounts;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub use registry::ControllerCounts;

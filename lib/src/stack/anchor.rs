@@ -90,7 +90,7 @@ pub(crate) fn of(tid: u32) -> Option<usize> {
     Some(frame.load(Ordering::Relaxed)).filter(|&at| at != 0)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "stack-capture", target_os = "linux"))]
 mod tests {
     use super::*;
 
