@@ -53,14 +53,16 @@ pub(super) fn capture_impl(
     before_recheck: &dyn Fn(),
 ) -> Result<Stack, Error> {
     let (mut unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
+    let started = Instant::now();
+    // Each file's symbols are opened once per stack: the check against the poll frame
+    // reads the names resolved here.
+    let lookups: Vec<(usize, usize)> = unwound.addresses.iter().map(|a| (a.ip, a.lookup)).collect();
+    let mut symbols = symbols::resolve(&lookups, is_last);
     if let Some(poll_frame) = anchor::of(tid) {
-        check_against_the_poll_frame(&mut unwound, poll_frame as u64);
+        check_against_the_poll_frame(&mut unwound, &symbols.frames, poll_frame as u64);
+        symbols.frames.truncate(unwound.addresses.len());
     }
     let addresses = &unwound.addresses;
-    let started = Instant::now();
-    // Each file's symbols are opened once per stack.
-    let lookups: Vec<(usize, usize)> = addresses.iter().map(|a| (a.ip, a.lookup)).collect();
-    let mut symbols = symbols::resolve(&lookups, is_last);
     if let (Some(first), Some(innermost)) = (addresses.first(), symbols.frames.first_mut()) {
         line_of_the_next_statement(first.lookup, innermost);
     }
@@ -108,7 +110,11 @@ fn is_the_guards_poll(frame: &Frame) -> bool {
 /// whole is not), and keeps only its frames below that address, saying so. Never a stack
 /// shown as whole that did not reach the guard's poll.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn check_against_the_poll_frame(unwound: &mut unwind::Unwound, poll_frame: u64) {
+fn check_against_the_poll_frame(
+    unwound: &mut unwind::Unwound,
+    resolved: &[Vec<Frame>],
+    poll_frame: u64,
+) {
     let starts: Vec<(usize, u64)> = unwound
         .frame_starts
         .iter()
@@ -131,12 +137,14 @@ fn check_against_the_poll_frame(unwound: &mut unwind::Unwound, poll_frame: u64) 
         }
         return;
     };
-    let lookups: Vec<(usize, usize)> = unwound.addresses[from..to]
+    // Resolving stopped below the holder when a frame below it was the last wanted: the
+    // frames shown all lie below it then, and its place is what is checked.
+    let frames: Vec<&Frame> = resolved
+        .get(from..to.min(resolved.len()))
+        .unwrap_or_default()
         .iter()
-        .map(|a| (a.ip, a.lookup))
+        .flatten()
         .collect();
-    let resolved = symbols::resolve(&lookups, &|_| false);
-    let frames: Vec<&Frame> = resolved.frames.iter().flatten().collect();
     // Without symbols the frame cannot be told by name: its place is what is checked.
     let named = frames.iter().any(|f| f.function.is_some());
     if !named || frames.iter().any(|f| is_the_guards_poll(f)) {
