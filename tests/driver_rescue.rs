@@ -514,3 +514,188 @@ fn a_cancel_whose_waker_blocks_delays_no_rescue() {
         std::task::Poll::Ready(Err(reconcile_watchdog::guard::Error::Cancelled { .. }))
     ));
 }
+
+/// Spins for `length` without yielding: CPU work inside one poll.
+fn spin(length: Duration) {
+    let from = Instant::now();
+    while from.elapsed() < length {
+        std::hint::spin_loop();
+    }
+}
+
+/// How long each queued reconcile waits between being built and its first poll.
+const QUEUED_FOR: Duration = Duration::from_millis(30);
+
+/// As kube's runner does: one task builds a batch of guarded reconciles, goes on with
+/// other work (short polls, a yield between them) while they wait, then polls them all
+/// in one of its polls, each for half a millisecond. Its worker is busy and silent for
+/// longer than the rescue's threshold, and each batch's reconciles are first polled
+/// [`QUEUED_FOR`] after they were built; none is ever inside a poll for more than 1 ms.
+async fn queued_batches(controller: ControllerHandle, stop: Arc<AtomicBool>) -> u64 {
+    let mut batch = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let reconciles: Vec<_> = (0..40)
+            .map(|n| {
+                let object = ObjectKey::namespaced("queued", &format!("q-{batch}-{n}"));
+                controller.guard(object, async {
+                    spin(Duration::from_micros(500));
+                    Ok::<(), ()>(())
+                })
+            })
+            .collect();
+        let built = Instant::now();
+        while built.elapsed() < QUEUED_FOR {
+            spin(Duration::from_micros(500));
+            tokio::task::yield_now().await;
+        }
+        for done in futures::future::join_all(reconciles).await {
+            done.expect("the guard lets it finish")
+                .expect("the reconcile ends well");
+        }
+        batch += 1;
+    }
+    batch
+}
+
+#[test]
+fn reconciles_queued_before_their_first_poll_are_no_rescue_and_a_true_block_among_them_is() {
+    capture_reports();
+    let (runtime, watchdog) = watched_runtime_with_metrics();
+    let stop = Arc::new(AtomicBool::new(false));
+    let batches = runtime.spawn(queued_batches(
+        watchdog.registry().controller("queued", "Widget"),
+        Arc::clone(&stop),
+    ));
+    let named_queued = || {
+        reports(|r| {
+            r.field("controller") == Some("queued")
+                || r.message.contains("queued queued/")
+                || r.field("object").is_some_and(|o| o.starts_with("queued/"))
+        })
+    };
+    // Long enough for many of the busy worker's silent stretches, each of which the
+    // rescue looks into.
+    std::thread::sleep(Duration::from_secs(3));
+    let rescues = rescues_after_a_scan(&watchdog);
+    let busy = sample(
+        &watchdog,
+        "reconcile_watchdog_driver_wakes_total{cause=\"busy_worker\"}",
+    );
+    eprintln!("wakes for the busy worker: {busy:?}");
+    assert_eq!(rescues, 0.0, "{:#?}", named_queued());
+    assert!(named_queued().is_empty(), "{:#?}", named_queued());
+
+    // A reconcile that truly blocks its worker for a second, in its second poll, while
+    // the batches go on beside it: counted, and the WARN names it.
+    let object = ObjectKey::namespaced("among-queued", "blocker");
+    let controller = watchdog.registry().controller("blocker", "Widget");
+    block_a_worker(&runtime, &controller, &object, Duration::from_secs(1));
+    let rescues = rescues_after_a_scan(&watchdog);
+    stop.store(true, Ordering::SeqCst);
+    let batches = runtime
+        .block_on(batches)
+        .expect("the batches' task ends");
+    assert!(batches > 20, "{batches} batches");
+    assert!(rescues >= 1.0, "{rescues}");
+    let warns = reports(|r| {
+        r.message.starts_with(RESCUE_WARN) && r.field("object") == Some(object.as_str())
+    });
+    assert_eq!(warns.len(), 1, "{warns:#?}");
+    assert_eq!(warns[0].field("controller"), Some("blocker"));
+    drop(watchdog);
+    assert!(named_queued().is_empty(), "{:#?}", named_queued());
+}
+
+/// Spawns on the current runtime an unguarded task that runs `length` in one poll: a
+/// busy worker that publishes nothing meanwhile, which no guarded reconcile holds.
+fn spawn_silent_worker(length: Duration, spun: &Arc<AtomicBool>) {
+    let spun = Arc::clone(spun);
+    tokio::spawn(async move {
+        spin(length);
+        spun.store(true, Ordering::SeqCst);
+    });
+}
+
+/// How long the busy worker beside a long poll elsewhere stays silent: many times the
+/// rescue's threshold.
+const SILENT_FOR: Duration = Duration::from_millis(400);
+
+#[test]
+fn a_poll_on_the_block_on_thread_is_never_named_for_a_silent_worker() {
+    capture_reports();
+    let (runtime, watchdog) = watched_runtime_with_metrics();
+    let object = ObjectKey::namespaced("block-on", "main");
+    let spun = Arc::new(AtomicBool::new(false));
+    // As `#[tokio::main]` awaiting a controller in `main` would: a guarded reconcile
+    // polled by `block_on` itself, on the caller's thread, no task of the runtime's.
+    // Once in its long poll, it makes a worker busy and silent.
+    let reconcile = {
+        let spun = Arc::clone(&spun);
+        watchdog
+            .registry()
+            .controller("block-on", "Widget")
+            .guard(object.clone(), async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                spawn_silent_worker(SILENT_FOR, &spun);
+                std::thread::sleep(SILENT_FOR + Duration::from_millis(200));
+                Ok::<(), ()>(())
+            })
+    };
+    runtime
+        .block_on(reconcile)
+        .expect("the guard lets it finish")
+        .expect("the reconcile ends well");
+    support::eventually(PATIENCE, "the silent worker to finish", || {
+        spun.load(Ordering::SeqCst).then_some(())
+    });
+    let rescues = rescues_after_a_scan(&watchdog);
+    let busy = sample(
+        &watchdog,
+        "reconcile_watchdog_driver_wakes_total{cause=\"busy_worker\"}",
+    );
+    let named = reports(|r| r.message.contains("block-on ") || r.field("controller") == Some("block-on"));
+    assert!(named.is_empty(), "{named:#?}");
+    assert_eq!(rescues, 0.0, "busy-worker wakes: {busy:?}");
+    assert!(busy.is_some_and(|n| n >= 1.0), "the silent worker was woken for: {busy:?}");
+}
+
+/// Where tokio names each worker's thread: a reconcile inside `block_in_place` has
+/// handed its worker to another thread, and is never named for a worker that is silent
+/// meanwhile. (Without `--cfg tokio_unstable` only a poll that began before the worker
+/// last published is told apart: docs/diagnostics.md.)
+#[cfg(tokio_unstable)]
+#[test]
+fn a_poll_inside_block_in_place_is_never_named_for_a_silent_worker() {
+    capture_reports();
+    let (runtime, watchdog) = watched_runtime_with_metrics();
+    let object = ObjectKey::namespaced("block-in-place", "moved");
+    let spun = Arc::new(AtomicBool::new(false));
+    let reconcile = {
+        let spun = Arc::clone(&spun);
+        watchdog
+            .registry()
+            .controller("block-in-place", "Widget")
+            .guard(object.clone(), async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::task::block_in_place(|| {
+                    spawn_silent_worker(SILENT_FOR, &spun);
+                    std::thread::sleep(SILENT_FOR + Duration::from_millis(200));
+                });
+                Ok::<(), ()>(())
+            })
+    };
+    runtime
+        .block_on(runtime.spawn(reconcile))
+        .expect("the reconcile task ends")
+        .expect("the guard lets it finish")
+        .expect("the reconcile ends well");
+    support::eventually(PATIENCE, "the silent worker to finish", || {
+        spun.load(Ordering::SeqCst).then_some(())
+    });
+    let rescues = rescues_after_a_scan(&watchdog);
+    let named = reports(|r| {
+        r.message.contains("block-in-place ") || r.field("controller") == Some("block-in-place")
+    });
+    assert!(named.is_empty(), "{named:#?}");
+    assert_eq!(rescues, 0.0);
+}

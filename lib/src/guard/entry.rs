@@ -113,10 +113,6 @@ pub enum PollState {
     },
 }
 
-/// The stamp of a poll dated by the reconcile's start: the epoch, which `Entry::instant`
-/// raises to the start.
-const AT_START: u64 = 1;
-
 /// The shared record of one reconcile, kept in the registry's map for as long as the
 /// entry lives: an entry whose reconcile ended unshared stays there, idle, as its
 /// thread's spare, and holds that thread's next reconcile of the same controller
@@ -329,23 +325,21 @@ impl Entry {
         })
     }
 
-    /// Records the start of a poll: a handful of relaxed stores, and from the second
-    /// poll on, one coarse clock read.
+    /// Records the start of a poll: a handful of relaxed stores and one coarse clock
+    /// read.
     #[inline]
     pub(crate) fn poll_begins(&self) {
         // Only the task polling the reconcile writes these (a poll holds it by `&mut`),
         // so a load and a store do what a read-modify-write would, for less.
         let polls = self.polls.load(Ordering::Relaxed);
-        let began = if polls == 0 {
-            // The first poll follows registration at once, so its start is dated by the
-            // registration's clock read (`instant` keeps every stamp at or after the
-            // start): a reconcile that finishes in one poll reads no clock of its own.
+        if polls == 0 {
             self.task_id
                 .store(thread::current_task_id(), Ordering::Relaxed);
-            AT_START
-        } else {
-            self.stamp_now()
-        };
+        }
+        // Every poll, the first included, is dated by its own start: a first poll may
+        // come long after registration (kube's runner and `tokio::spawn` queue the
+        // future first), and that queueing is no time spent in a poll.
+        let began = self.stamp_now();
         // The thread first, then the count, then the stamp, each published by the
         // next: a reader that sees a poll's count sees its thread, so a stack captured
         // from that thread while the count stays the same and the poll runs is this

@@ -18,6 +18,8 @@ pub struct ThreadInfo {
     pub name: Arc<str>,
     /// The kernel's thread id (Linux), for `/proc/self/task/<tid>` and signals.
     pub tid: Option<u32>,
+    /// The standard library's id of the thread, as tokio names a worker's thread.
+    pub id: std::thread::ThreadId,
     /// The tokio runtime the thread was in at its first guarded poll. A runtime's worker
     /// and blocking threads belong to it for their whole life; another thread may enter
     /// several runtimes, and only the first is kept.
@@ -51,7 +53,16 @@ thread_local! {
         // may name.
         let runtime = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
         let tid = kernel_tid();
-        THREADS.insert(slot, ThreadInfo { name, tid, runtime });
+        let id = current.id();
+        THREADS.insert(
+            slot,
+            ThreadInfo {
+                name,
+                tid,
+                id,
+                runtime,
+            },
+        );
         Slot {
             id: slot,
             _alt_stack: crate::stack::prepare_thread(),

@@ -254,7 +254,7 @@ impl Metrics {
         );
         registry.register(
             "driver_wakes",
-            "Idle runtime workers the watchdog woke to drive tokio's timers and I/O with no guarded reconcile holding a worker, by cause: busy_worker (a worker published no progress for --driver-rescue-after), heartbeat_late, not_looked_up (the lookup budget was spent)",
+            "Idle runtime workers the watchdog woke to drive tokio's timers and I/O with no guarded reconcile holding a worker, by cause: busy_worker (a worker published no progress for --driver-rescue-after), preempted (the guarded reconcile in a long poll there was waiting for a CPU), heartbeat_late, not_looked_up (the lookup budget was spent)",
             self.driver_wakes.clone(),
         );
         registry.register_collector(Box::new(CpuThrottled(

@@ -161,6 +161,7 @@ fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
                 driver_rescues: 1,
                 driver_wakes: DriverWakes {
                     busy_worker: 3,
+                    preempted: 2,
                     heartbeat_late: 0,
                     not_looked_up: 0,
                 },
@@ -182,6 +183,14 @@ fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
         )
         .as_deref(),
         Some("3")
+    );
+    assert_eq!(
+        get(
+            &text,
+            "reconcile_watchdog_driver_wakes_total{cause=\"preempted\"}"
+        )
+        .as_deref(),
+        Some("2")
     );
     assert_eq!(
         get(

@@ -23,6 +23,7 @@ pub(crate) mod observer;
 pub(crate) mod report;
 mod rescue;
 mod scan;
+mod sched;
 #[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub(crate) mod start;
 #[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]

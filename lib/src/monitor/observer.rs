@@ -35,9 +35,11 @@ pub struct Scan<'a> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DriverWakes {
     /// A worker published nothing for the rescue's threshold, and no guarded reconcile
-    /// was in one poll on it: busy with many short polls, preempted, or blocked outside
-    /// any guard.
+    /// was in one poll on it: busy with many short polls, or blocked outside any guard.
     pub busy_worker: u64,
+    /// A guarded reconcile was in one long poll on the silent worker, and its thread was
+    /// waiting for a CPU: preempted on a contended node, not blocking.
+    pub preempted: u64,
     /// The runtime's heartbeat was late, and no silent worker was left to look at.
     pub heartbeat_late: u64,
     /// A silent worker whose reconciles were not looked up: the lookups' budget was
@@ -49,9 +51,10 @@ impl DriverWakes {
     /// Each cause with its count, by the `cause` label of the metric.
     #[cfg_attr(not(any(feature = "metrics", feature = "internals")), allow(dead_code))]
     #[must_use]
-    pub fn by_cause(&self) -> [(&'static str, u64); 3] {
+    pub fn by_cause(&self) -> [(&'static str, u64); 4] {
         [
             (WakeCause::BusyWorker.label(), self.busy_worker),
+            (WakeCause::Preempted.label(), self.preempted),
             (WakeCause::HeartbeatLate.label(), self.heartbeat_late),
             (WakeCause::NotLookedUp.label(), self.not_looked_up),
         ]

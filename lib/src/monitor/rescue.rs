@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::heartbeat::RuntimeHeartbeat;
 use super::observer::DriverWakes;
-use super::report;
+use super::{report, sched};
 use super::verdict::driver::{
     Ask, Cause, Culprit, DriverWatch, Found, LookupBudget, PollSeen, RescueReports, Wake,
     WakeCause, WorkerSample,
@@ -19,6 +19,23 @@ use crate::guard::{InFlight, PollState, Registry};
 pub(super) struct WakeCounts {
     pub(super) rescues: u64,
     pub(super) others: DriverWakes,
+}
+
+/// The thread that runs worker `worker` of the runtime of `handle` now, where tokio tells
+/// it (`--cfg tokio_unstable`). tokio keeps it under a mutex that a thread takes when it
+/// picks up a worker (at start, and after a `block_in_place`): a few instructions, rare.
+#[cfg(tokio_unstable)]
+fn worker_thread(handle: &tokio::runtime::Handle, worker: usize) -> Option<std::thread::ThreadId> {
+    let metrics = handle.metrics();
+    (worker < metrics.num_workers())
+        .then(|| metrics.worker_thread_id(worker))
+        .flatten()
+}
+
+/// Without `--cfg tokio_unstable`, tokio does not tell which thread runs a worker.
+#[cfg(not(tokio_unstable))]
+fn worker_thread(_: &tokio::runtime::Handle, _: usize) -> Option<std::thread::ThreadId> {
+    None
 }
 
 /// The rescue's threshold, if `after` asks for one and `runtime` has a worker to spare:
@@ -55,6 +72,7 @@ impl WakeCounts {
         let counter = match cause {
             WakeCause::Rescue => &mut self.rescues,
             WakeCause::BusyWorker => &mut self.others.busy_worker,
+            WakeCause::Preempted => &mut self.others.preempted,
             WakeCause::HeartbeatLate => &mut self.others.heartbeat_late,
             WakeCause::NotLookedUp => &mut self.others.not_looked_up,
         };
@@ -118,27 +136,41 @@ impl<'a> Rescuer<'a> {
     /// (with any guard nested in it on the same thread) in `in_poll`.
     fn look_up(&mut self, now: Instant, ask: &Ask, registry: &Registry) -> Found {
         self.in_poll.clear();
-        if !matches!(ask.cause, Cause::WorkerSilent { .. }) {
+        let Cause::WorkerSilent { worker, .. } = ask.cause else {
             return Found::NotAsked;
-        }
+        };
         if !self.budget.allows(now) {
             return Found::NotLookedUp;
         }
         self.budget
             .spend(registry.in_poll_into(now, self.watch.after(), &mut self.in_poll));
+        let worker_thread = worker_thread(&self.runtime.handle, worker);
         let (watch, runtime_id) = (&self.watch, self.runtime_id);
         self.in_poll.retain(|r| {
             let PollState::InPoll { since } = r.poll else {
                 return false;
             };
             let thread = r.thread.as_ref();
+            let on_worker = match (worker_thread, thread) {
+                // tokio names the thread that runs the worker now: only a poll on it
+                // holds the worker (not one on a thread that left it for
+                // `block_in_place`, nor the thread of a `block_on`).
+                (Some(worker), Some(thread)) => thread.id == worker,
+                // Otherwise a worker is assumed to be any thread of the watched runtime
+                // that polls inside a task: that leaves out the thread of a
+                // `block_on` (its future is no task), not one in `block_in_place`
+                // (whose poll began before its worker last published, unless the
+                // worker went silent since; see docs/diagnostics.md).
+                _ => {
+                    r.task_id.is_some() && thread.and_then(|t| t.runtime) == Some(runtime_id)
+                }
+            };
             watch.holds(
                 ask,
                 now,
                 &PollSeen {
                     began: since,
-                    first: r.polls <= 1,
-                    on_watched_runtime: thread.and_then(|t| t.runtime) == Some(runtime_id),
+                    on_worker,
                     tid: thread.and_then(|t| t.tid),
                 },
             )
@@ -154,6 +186,11 @@ impl<'a> Rescuer<'a> {
             r.thread.as_ref().and_then(|t| t.tid) == tid
                 && r.thread.as_ref().map(|t| &t.name) == name.as_ref()
         });
+        // In a long poll, but waiting for a CPU: the node is contended, the reconcile
+        // holds the worker no more than any thread the kernel put aside would.
+        if tid.is_some_and(sched::is_preempted) {
+            return Found::Preempted { tid };
+        }
         Found::Culprit { tid }
     }
 

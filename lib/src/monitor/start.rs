@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use super::heartbeat::{Heartbeat, RuntimeHeartbeat};
 use super::inspect::Diagnostics;
@@ -90,7 +91,7 @@ impl Monitor {
             published: Mutex::new(Arc::default()),
         });
         let checks: [(&'static str, ReadStatus); 2] = [
-            ("watchdog", Status::watchdog_check_waiting),
+            ("watchdog", |s| s.watchdog_check(Instant::now())),
             ("reconcilers", |s| {
                 s.latest().reconcilers_failure.clone().map_or(Ok(()), Err)
             }),

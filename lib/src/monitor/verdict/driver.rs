@@ -100,6 +100,13 @@ pub enum Found {
         /// The culprit's thread, so that another silent worker is not given it too.
         tid: Option<u32>,
     },
+    /// A guarded reconcile is in one long poll on the silent worker, but its thread
+    /// waits for a CPU rather than running or waiting in the kernel: preempted (a
+    /// contended node), not blocking.
+    Preempted {
+        /// The preempted thread.
+        tid: Option<u32>,
+    },
     /// The reconciles were looked up, and none holds the worker.
     Nobody,
     /// Not looked up: the period's lookup budget is spent ([`LookupBudget`]).
@@ -114,8 +121,11 @@ pub enum WakeCause {
     /// A guarded reconcile held a worker in one poll past `after`: a rescue.
     Rescue,
     /// A worker published nothing for `after` with no guarded reconcile holding it: busy
-    /// with many polls, preempted, or blocked outside any guard.
+    /// with many polls, or blocked outside any guard.
     BusyWorker,
+    /// The guarded reconcile in one long poll on the silent worker was not running: its
+    /// thread waited for a CPU (a contended node).
+    Preempted,
     /// The heartbeat was late, with no silent worker to look at.
     HeartbeatLate,
     /// A silent worker whose reconciles were not looked up (the lookup budget was
@@ -130,6 +140,7 @@ impl WakeCause {
         match self {
             Self::Rescue => "rescue",
             Self::BusyWorker => "busy_worker",
+            Self::Preempted => "preempted",
             Self::HeartbeatLate => "heartbeat_late",
             Self::NotLookedUp => "not_looked_up",
         }
@@ -152,14 +163,14 @@ pub struct Wake {
 /// A reconcile inside a poll, as [`DriverWatch::holds`] judges it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollSeen {
-    /// When its poll began, as the guard dated it (the coarse clock for a later poll,
-    /// the registration for the first).
+    /// When its poll began, as the guard dated it on the coarse clock (up to a tick
+    /// before the poll's real start).
     pub began: Instant,
-    /// Whether it is the reconcile's first poll (dated by its registration, which may
-    /// be earlier than the poll).
-    pub first: bool,
-    /// Whether its thread is one of the watched runtime's.
-    pub on_watched_runtime: bool,
+    /// Whether its thread runs the silent worker: known where tokio names each worker's
+    /// thread (`--cfg tokio_unstable`), assumed otherwise of a poll inside a task on a
+    /// thread of the watched runtime (see [`Rescuer`](crate::monitor)'s lookup). A poll
+    /// on the thread of a `block_on`, outside any task, never is.
+    pub on_worker: bool,
     /// Its thread's kernel id.
     pub tid: Option<u32>,
 }
@@ -357,21 +368,18 @@ impl DriverWatch {
         else {
             return false;
         };
-        // A later poll began up to a tick after its date: long only if long from the
-        // latest start it may have had. A first poll is dated by its registration, at or
-        // before the poll, which may also come before the worker's last publication: it
-        // cannot be placed.
-        let (tick, first) = (self.coarse_tick, poll.first);
-        let latest_start = if first { poll.began } else { poll.began + tick };
-        let long = now.saturating_duration_since(latest_start) >= self.after;
-        let after_publication = first || published_after.is_none_or(|at| poll.began + tick >= at);
+        // A poll began up to a tick after its date: long only if long from the latest
+        // start it may have had.
+        let tick = self.coarse_tick;
+        let long = now.saturating_duration_since(poll.began + tick) >= self.after;
+        let after_publication = published_after.is_none_or(|at| poll.began + tick >= at);
         let named_elsewhere = poll.tid.is_some()
             && self
                 .workers
                 .iter()
                 .enumerate()
                 .any(|(i, seen)| i != worker && seen.rescued && seen.culprit_tid == poll.tid);
-        poll.on_watched_runtime && long && after_publication && !named_elsewhere
+        poll.on_worker && long && after_publication && !named_elsewhere
     }
 
     /// What `found` for `ask` (made at `now`) makes of it: a wake, counted by its cause,
@@ -393,10 +401,10 @@ impl DriverWatch {
                     if !ask.wakes_anyway {
                         return None;
                     }
-                    if found == Found::NotLookedUp {
-                        WakeCause::NotLookedUp
-                    } else {
-                        WakeCause::BusyWorker
+                    match found {
+                        Found::NotLookedUp => WakeCause::NotLookedUp,
+                        Found::Preempted { .. } => WakeCause::Preempted,
+                        _ => WakeCause::BusyWorker,
                     }
                 }
             }
@@ -576,8 +584,7 @@ mod tests {
     fn poll(began: Instant, tid: u32) -> PollSeen {
         PollSeen {
             began,
-            first: false,
-            on_watched_runtime: true,
+            on_worker: true,
             tid: Some(tid),
         }
     }
@@ -720,7 +727,7 @@ mod tests {
         assert!(!w.holds(&ask, now, &poll(t0 + 115 * MS, 1)));
         // On a thread of another runtime, or of none.
         let elsewhere = PollSeen {
-            on_watched_runtime: false,
+            on_worker: false,
             ..poll(t0 + 105 * MS, 1)
         };
         assert!(!w.holds(&ask, now, &elsewhere));
@@ -729,12 +736,6 @@ mod tests {
         // coarse clock's tick is allowed for.
         assert!(!w.holds(&ask, now, &poll(t0 + 80 * MS, 1)));
         assert!(w.holds(&ask, now, &poll(t0 + 95 * MS, 1)));
-        // A first poll is dated by its registration: it cannot be placed, and counts.
-        let first = PollSeen {
-            first: true,
-            ..poll(t0 + 10 * MS, 1)
-        };
-        assert!(w.holds(&ask, now, &first));
         // A late heartbeat has no worker to hold.
         let late = Ask {
             cause: Cause::HeartbeatLate { age: MS * 1100 },
@@ -847,6 +848,25 @@ mod tests {
         // A later ask, with budget again, may still find the culprit.
         let ask = w.check(t0 + 40 * MS, &workers, None).unwrap();
         let wake = w.settle(t0 + 40 * MS, &ask, culprit_on(3)).unwrap();
+        assert_eq!(wake.cause, WakeCause::Rescue);
+    }
+
+    #[test]
+    fn a_preempted_poll_is_a_wake_of_its_own_and_a_later_block_still_a_rescue() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        let workers = [running(5, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, None), None);
+        let preempted = Found::Preempted { tid: Some(7) };
+        let wake = step(&mut w, t0 + 20 * MS, &workers, None, preempted);
+        assert_eq!(wake.map(|w| w.cause), Some(WakeCause::Preempted));
+        assert_eq!(WakeCause::Preempted.label(), "preempted");
+        // The stretch asks again; a later ask that finds the thread blocking rescues.
+        let ask = w.check(t0 + 40 * MS, &workers, None).unwrap();
+        assert!(!ask.wakes_anyway);
+        assert_eq!(w.settle(t0 + 40 * MS, &ask, preempted), None, "no second wake");
+        let ask = w.check(t0 + 80 * MS, &workers, None).unwrap();
+        let wake = w.settle(t0 + 80 * MS, &ask, culprit_on(7)).unwrap();
         assert_eq!(wake.cause, WakeCause::Rescue);
     }
 

@@ -29,6 +29,7 @@ fn reconcile(
         thread: Some(ThreadInfo {
             name: "worker".into(),
             tid: Some(42),
+            id: std::thread::current().id(),
             runtime: None,
         }),
         task_id: Some(7),

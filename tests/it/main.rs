@@ -1,0 +1,1 @@
+mod scrape_while_stalled;
