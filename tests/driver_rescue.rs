@@ -592,9 +592,7 @@ fn reconciles_queued_before_their_first_poll_are_no_rescue_and_a_true_block_amon
     block_a_worker(&runtime, &controller, &object, Duration::from_secs(1));
     let rescues = rescues_after_a_scan(&watchdog);
     stop.store(true, Ordering::SeqCst);
-    let batches = runtime
-        .block_on(batches)
-        .expect("the batches' task ends");
+    let batches = runtime.block_on(batches).expect("the batches' task ends");
     assert!(batches > 20, "{batches} batches");
     assert!(rescues >= 1.0, "{rescues}");
     let warns = reports(|r| {
@@ -653,10 +651,14 @@ fn a_poll_on_the_block_on_thread_is_never_named_for_a_silent_worker() {
         &watchdog,
         "reconcile_watchdog_driver_wakes_total{cause=\"busy_worker\"}",
     );
-    let named = reports(|r| r.message.contains("block-on ") || r.field("controller") == Some("block-on"));
+    let named =
+        reports(|r| r.message.contains("block-on ") || r.field("controller") == Some("block-on"));
     assert!(named.is_empty(), "{named:#?}");
     assert_eq!(rescues, 0.0, "busy-worker wakes: {busy:?}");
-    assert!(busy.is_some_and(|n| n >= 1.0), "the silent worker was woken for: {busy:?}");
+    assert!(
+        busy.is_some_and(|n| n >= 1.0),
+        "the silent worker was woken for: {busy:?}"
+    );
 }
 
 /// Where tokio names each worker's thread: a reconcile inside `block_in_place` has

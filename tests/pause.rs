@@ -49,9 +49,11 @@ fn a_stopped_process_is_paused_not_stalled_and_a_later_wedge_still_fails_livenes
 
     // Liveness passes again at once (the first answer may come before the monitor has
     // scanned again, and find it late: the check never waits for it), until the wedge.
-    eventually(Duration::from_secs(2), "liveness to pass after the pause", || {
-        (healthz().status == 200).then_some(())
-    });
+    eventually(
+        Duration::from_secs(2),
+        "liveness to pass after the pause",
+        || (healthz().status == 200).then_some(()),
+    );
     let watch_until = started + wedge_after - Duration::from_secs(1);
     assert!(
         Instant::now() + Duration::from_secs(3) < watch_until,

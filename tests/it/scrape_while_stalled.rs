@@ -102,7 +102,11 @@ fn a_scrape_while_the_monitor_is_stalled_returns_at_once_and_says_it_is_late() {
         "{SCRAPES} scrapes of a stalled monitor took {took:?}"
     );
     assert_eq!(
-        watchdog.health().liveness.run_one("watchdog").map(|r| r.is_err()),
+        watchdog
+            .health()
+            .liveness
+            .run_one("watchdog")
+            .map(|r| r.is_err()),
         Some(true)
     );
 

@@ -44,7 +44,12 @@ mod task_dump {
             Self
         }
 
-        pub(crate) fn of(&self, _: &super::verdict::Event, _: bool) -> Option<String> {
+        pub(crate) fn of(
+            &self,
+            _: &super::verdict::Event,
+            _: bool,
+            _: impl FnOnce() -> bool,
+        ) -> Option<String> {
             None
         }
     }

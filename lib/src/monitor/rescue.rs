@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use super::heartbeat::RuntimeHeartbeat;
 use super::observer::DriverWakes;
-use super::{report, sched};
 use super::verdict::driver::{
     Ask, Cause, Culprit, DriverWatch, Found, LookupBudget, PollSeen, RescueReports, Wake,
     WakeCause, WorkerSample,
 };
 use super::waker::Waker;
+use super::{report, sched};
 use crate::guard::{InFlight, PollState, Registry};
 
 /// Wakes by cause, the rescues among them, since the previous scan.
@@ -161,9 +161,7 @@ impl<'a> Rescuer<'a> {
                 // `block_on` (its future is no task), not one in `block_in_place`
                 // (whose poll began before its worker last published, unless the
                 // worker went silent since; see docs/diagnostics.md).
-                _ => {
-                    r.task_id.is_some() && thread.and_then(|t| t.runtime) == Some(runtime_id)
-                }
+                _ => r.task_id.is_some() && thread.and_then(|t| t.runtime) == Some(runtime_id),
             };
             watch.holds(
                 ask,
@@ -216,6 +214,12 @@ impl<'a> Rescuer<'a> {
         if let Some(held) = self.reports.rescue(now, culprits) {
             report::emit_driver_rescue(wake, &self.in_poll, now, &held);
         }
+    }
+
+    /// Whether, at the latest check, a worker had published nothing for the rescue's
+    /// threshold (see [`DriverWatch::sees_a_silent_worker`]).
+    pub(super) fn sees_a_silent_worker(&self) -> bool {
+        self.watch.sees_a_silent_worker()
     }
 
     /// The wakes counted since the previous call, for the scan's observer.

@@ -3,6 +3,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::api_server::ApiServerStatus;
@@ -33,6 +34,8 @@ pub(super) struct Scanner<'a> {
     observer: Option<&'a dyn Observer>,
     verdict: Verdict,
     snapshot: Vec<InFlight>,
+    /// The reconciles in a long poll, when a task dump asks (reused).
+    in_poll: Vec<InFlight>,
     counts: Vec<(Arc<str>, usize)>,
     inspector: Inspector,
     /// One small file read a scan, when cgroup v2 tells throttled time.
@@ -61,6 +64,7 @@ impl<'a> Scanner<'a> {
             observer,
             verdict,
             snapshot: Vec::new(),
+            in_poll: Vec::new(),
             counts: Vec::new(),
             inspector,
             cpu_stat,
@@ -133,7 +137,9 @@ impl<'a> Scanner<'a> {
         let mut inspected = false;
         for event in &decision.events {
             let threads = self.inspector.inspect(event, now);
-            let task_trace = self.task_traces.of(event, stalled);
+            let task_trace = self.task_traces.of(event, stalled, || {
+                worker_blocked(registry, now, rescuer.as_deref(), &mut self.in_poll)
+            });
             report::emit(event, now, sample, &threads, task_trace.as_deref());
             if !threads.is_empty() || task_trace.is_some() {
                 inspected = true;
@@ -145,7 +151,7 @@ impl<'a> Scanner<'a> {
         if inspected {
             // Resolving freed what it read (symbol names, unwind tables): back to the
             // kernel, so that a pod's memory after a capture is near its rest.
-            crate::stack::release_symbols();
+            release_heap_off_thread();
         }
         self.inspector.forget_all_but(&self.snapshot);
         if let Some(observer) = self.observer {
@@ -174,5 +180,51 @@ impl<'a> Scanner<'a> {
             runtime_failure: decision.runtime_failure,
             overdue: decision.overdue.len(),
         }
+    }
+}
+
+/// A poll this long holds its worker as far as a task dump is concerned: a dump would
+/// make the other workers wait for it.
+const HELD_POLL: Duration = Duration::from_millis(10);
+
+/// Whether a worker of the watched runtime is held in one poll now, as far as the
+/// monitor can tell: a guarded reconcile inside one poll for [`HELD_POLL`], or a worker
+/// the rescue sees silent (which may be in an unguarded poll).
+fn worker_blocked(
+    registry: &Registry,
+    now: Instant,
+    rescuer: Option<&Rescuer<'_>>,
+    in_poll: &mut Vec<InFlight>,
+) -> bool {
+    if rescuer.is_some_and(Rescuer::sees_a_silent_worker) {
+        return true;
+    }
+    registry.in_poll_into(now, HELD_POLL, in_poll);
+    let held = !in_poll.is_empty();
+    in_poll.clear();
+    held
+}
+
+/// Whether a heap trim runs (see [`release_heap_off_thread`]).
+static TRIMMING: AtomicBool = AtomicBool::new(false);
+
+/// Returns the heap the captures' resolving freed to the kernel, on a short-lived thread
+/// of its own: glibc's trim locks each arena in turn while it walks its free memory
+/// (longer as the heap grows), and the monitor must not wait for workers allocating in
+/// them, nor they for it. One trim at a time: one asked while another runs is skipped,
+/// as the running one returns what it would.
+fn release_heap_off_thread() {
+    if TRIMMING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let trim = std::thread::Builder::new()
+        .name("reconcile-watchdog-trim".into())
+        .spawn(|| {
+            crate::stack::release_symbols();
+            TRIMMING.store(false, Ordering::Release);
+        });
+    if trim.is_err() {
+        // No thread: no trim this time; the next capture's asks again.
+        TRIMMING.store(false, Ordering::Release);
     }
 }

@@ -49,7 +49,10 @@ pub(super) fn waited_more_than_ran(before: SchedStat, after: SchedStat) -> bool 
 /// The state letter of a `stat` line (`R`, `S`, `D`...): the first field after the
 /// command's closing parenthesis (the command may hold spaces and parentheses itself).
 pub(super) fn state_of(stat: &str) -> Option<char> {
-    stat.get(stat.rfind(')')? + 1..)?.trim_start().chars().next()
+    stat.get(stat.rfind(')')? + 1..)?
+        .trim_start()
+        .chars()
+        .next()
 }
 
 #[cfg(target_os = "linux")]

@@ -144,6 +144,9 @@ mod tests {
         // Read at the instant the scans are late: no grace, no wait for a scan.
         let late = t0 + Duration::from_millis(3001);
         let err = status.watchdog_check(late).unwrap_err();
-        assert!(err.starts_with("the watchdog has not scanned for 3s"), "{err}");
+        assert!(
+            err.starts_with("the watchdog has not scanned for 3s"),
+            "{err}"
+        );
     }
 }

@@ -48,7 +48,16 @@ impl TaskTraces {
 
     /// The `task_trace` of `event`'s report: for a new awaiting hang of a task of the
     /// watched runtime, its trace or why there is none; `None` for other events.
-    pub(crate) fn of(&self, event: &Event, runtime_stalled: bool) -> Option<String> {
+    /// `worker_blocked` tells, when asked, whether a worker is held in one poll now: a
+    /// dump then is not started, as it would make every healthy worker wait for that
+    /// poll at each of its maintenance points (tokio's trace barrier) for as long as it
+    /// lasts.
+    pub(crate) fn of(
+        &self,
+        event: &Event,
+        runtime_stalled: bool,
+        worker_blocked: impl FnOnce() -> bool,
+    ) -> Option<String> {
         let Event::Hung {
             reconcile,
             state: HangState::Awaiting,
@@ -64,6 +73,11 @@ impl TaskTraces {
         if runtime_stalled {
             return Some(
                 "skipped: the runtime is stalled, and a dump waits for every worker".into(),
+            );
+        }
+        if worker_blocked() {
+            return Some(
+                "skipped: a worker is held in one poll, and a dump would make the others wait for it".into(),
             );
         }
         let alive = handle.metrics().num_alive_tasks();
@@ -224,11 +238,17 @@ mod tests {
             state: HangState::Awaiting,
             action: super::super::verdict::Action::ReportOnly,
         };
-        let trace = traces.of(&event, false).unwrap();
+        let trace = traces.of(&event, false, || false).unwrap();
         assert!(trace.contains("waits_for_the_issuer"), "{trace}");
         assert_eq!(
-            traces.of(&event, true).as_deref(),
+            traces.of(&event, true, || false).as_deref(),
             Some("skipped: the runtime is stalled, and a dump waits for every worker")
+        );
+        assert_eq!(
+            traces.of(&event, false, || true).as_deref(),
+            Some(
+                "skipped: a worker is held in one poll, and a dump would make the others wait for it"
+            )
         );
         task.abort();
     }

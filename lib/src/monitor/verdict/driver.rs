@@ -259,6 +259,18 @@ impl DriverWatch {
         self.after
     }
 
+    /// Whether, at the latest check, a worker had run without publishing anything for
+    /// at least `after`: inside one poll, or busy with many.
+    #[must_use]
+    pub fn sees_a_silent_worker(&self) -> bool {
+        let Some(at) = self.last_check else {
+            return false;
+        };
+        self.workers.iter().any(|seen| {
+            !seen.sample.is_idle() && at.saturating_duration_since(seen.since) >= self.after
+        })
+    }
+
     /// How often to check: half of `after`, so that a worker is woken between `after`
     /// and one and a half times `after` into its silence.
     #[must_use]
@@ -864,10 +876,29 @@ mod tests {
         // The stretch asks again; a later ask that finds the thread blocking rescues.
         let ask = w.check(t0 + 40 * MS, &workers, None).unwrap();
         assert!(!ask.wakes_anyway);
-        assert_eq!(w.settle(t0 + 40 * MS, &ask, preempted), None, "no second wake");
+        assert_eq!(
+            w.settle(t0 + 40 * MS, &ask, preempted),
+            None,
+            "no second wake"
+        );
         let ask = w.check(t0 + 80 * MS, &workers, None).unwrap();
         let wake = w.settle(t0 + 80 * MS, &ask, culprit_on(7)).unwrap();
         assert_eq!(wake.cause, WakeCause::Rescue);
+    }
+
+    #[test]
+    fn a_silent_worker_is_seen_from_after_on_and_no_longer_once_it_publishes() {
+        let mut w = watch();
+        let t0 = Instant::now();
+        assert!(!w.sees_a_silent_worker(), "no check yet");
+        let workers = [running(5, 100), idle(3)];
+        assert_eq!(w.check(t0, &workers, None), None);
+        assert_eq!(w.check(t0 + 10 * MS, &workers, None), None);
+        assert!(!w.sees_a_silent_worker(), "10 ms");
+        let _ = w.check(t0 + 20 * MS, &workers, None);
+        assert!(w.sees_a_silent_worker());
+        let _ = w.check(t0 + 30 * MS, &[running(5, 200), idle(3)], None);
+        assert!(!w.sees_a_silent_worker(), "it published");
     }
 
     #[test]
