@@ -64,6 +64,7 @@ pub(crate) use thread::kernel_tid;
 pub(crate) use thread::offer_label;
 #[cfg(all(feature = "task-dump", tokio_unstable, target_os = "linux"))]
 pub(crate) use thread::task_id_number;
+pub(crate) use thread::tids_of_runtime;
 // What the kube integration's request layer uses.
 #[cfg(feature = "_kube")]
 pub(crate) use current::{attribute_requests, current_entry};

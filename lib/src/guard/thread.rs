@@ -121,6 +121,20 @@ pub(crate) fn info(slot: u64) -> Option<ThreadInfo> {
     THREADS.get(&slot).map(|t| t.value().clone())
 }
 
+/// The kernel ids of the live threads that have polled a guarded reconcile inside the
+/// runtime `runtime`, into `out`. Takes each shard's read lock of the thread table in
+/// turn, which a thread's first guarded poll and its exit hold for one insertion or
+/// removal.
+pub(crate) fn tids_of_runtime(runtime: tokio::runtime::Id, out: &mut Vec<u32>) {
+    out.clear();
+    out.extend(
+        THREADS
+            .iter()
+            .filter(|t| t.runtime == Some(runtime))
+            .filter_map(|t| t.tid),
+    );
+}
+
 /// Looks threads up for a whole scan: a scan meets the same few threads again and
 /// again, so each is looked up in the process-wide table once.
 #[derive(Default)]

@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use super::heartbeat::RuntimeHeartbeat;
 use super::observer::DriverWakes;
+use super::report;
+use super::sched::{self, SchedStat};
 use super::verdict::driver::{
     Ask, Cause, Culprit, DriverWatch, Found, LookupBudget, PollSeen, RescueReports, Wake,
     WakeCause, WorkerSample,
 };
 use super::waker::Waker;
-use super::{report, sched};
 use crate::guard::{InFlight, PollState, Registry};
 
 /// Wakes by cause, the rescues among them, since the previous scan.
@@ -65,6 +66,13 @@ pub(super) struct Rescuer<'a> {
     next_check: Instant,
     /// Wakes since the previous scan, by cause.
     wakes: WakeCounts,
+    /// The scheduler's counts of the watched runtime's threads at the latest check that
+    /// saw a worker silent: what a culprit's poll is judged against (preempted or not).
+    sched: Vec<(u32, SchedStat)>,
+    /// When `sched` was read.
+    sched_at: Option<Instant>,
+    /// The watched runtime's threads (reused).
+    tids: Vec<u32>,
 }
 
 impl WakeCounts {
@@ -101,6 +109,9 @@ impl<'a> Rescuer<'a> {
             in_poll: Vec::new(),
             next_check: Instant::now(),
             wakes: WakeCounts::default(),
+            sched: Vec::new(),
+            sched_at: None,
+            tids: Vec::new(),
         })
     }
 
@@ -125,6 +136,7 @@ impl<'a> Rescuer<'a> {
                 self.report(&wake, now);
             }
         }
+        self.sample_sched(now);
         // The rescues held since the previous WARN get theirs once its minute has
         // passed, whether or not another rescue comes.
         if let Some(held) = self.reports.flush(now) {
@@ -180,16 +192,53 @@ impl<'a> Rescuer<'a> {
         };
         let tid = longest.thread.as_ref().and_then(|t| t.tid);
         let name = longest.thread.as_ref().map(|t| Arc::clone(&t.name));
+        let began = longest.last_poll_began;
         self.in_poll.retain(|r| {
             r.thread.as_ref().and_then(|t| t.tid) == tid
                 && r.thread.as_ref().map(|t| &t.name) == name.as_ref()
         });
         // In a long poll, but waiting for a CPU: the node is contended, the reconcile
         // holds the worker no more than any thread the kernel put aside would.
-        if tid.is_some_and(sched::is_preempted) {
+        if tid.is_some_and(|tid| self.preempted(tid, began)) {
             return Found::Preempted { tid };
         }
         Found::Culprit { tid }
+    }
+
+    /// Whether thread `tid`, in a poll that began at `began`, waited for a CPU more than
+    /// it ran since the previous check's reading (when that was taken inside the poll),
+    /// or else over a short window now ([`sched::is_preempted`]).
+    fn preempted(&self, tid: u32, began: Option<Instant>) -> bool {
+        let before = self
+            .sched_at
+            .filter(|at| began.is_some_and(|began| *at >= began))
+            .and_then(|_| self.sched.iter().find(|(t, _)| *t == tid))
+            .map(|(_, stat)| *stat);
+        match (before, SchedStat::read(tid)) {
+            (Some(before), Some(now)) => sched::waited_more_than_ran(before, now),
+            _ => sched::is_preempted(tid),
+        }
+    }
+
+    /// Reads the scheduler's counts of the watched runtime's threads while a worker is
+    /// silent (a poll may be holding it), so that the next check's lookup can tell a
+    /// preempted poll from a blocking one over the time between; forgets them otherwise.
+    fn sample_sched(&mut self, now: Instant) {
+        self.sched.clear();
+        self.sched_at = None;
+        if !self
+            .watch
+            .sees_a_worker_silent_for(self.watch.check_every())
+        {
+            return;
+        }
+        crate::guard::tids_of_runtime(self.runtime_id, &mut self.tids);
+        self.sched.extend(
+            self.tids
+                .iter()
+                .filter_map(|&tid| Some((tid, SchedStat::read(tid)?))),
+        );
+        self.sched_at = Some(now);
     }
 
     fn report(&mut self, wake: &Wake, now: Instant) {
@@ -217,9 +266,9 @@ impl<'a> Rescuer<'a> {
     }
 
     /// Whether, at the latest check, a worker had published nothing for the rescue's
-    /// threshold (see [`DriverWatch::sees_a_silent_worker`]).
+    /// threshold (see [`DriverWatch::sees_a_worker_silent_for`]).
     pub(super) fn sees_a_silent_worker(&self) -> bool {
-        self.watch.sees_a_silent_worker()
+        self.watch.sees_a_worker_silent_for(self.watch.after())
     }
 
     /// The wakes counted since the previous call, for the scan's observer.

@@ -32,9 +32,16 @@ impl SchedStat {
         })
     }
 
+    /// Thread `tid`'s, now.
     #[cfg(target_os = "linux")]
-    fn read(tid: u32) -> Option<Self> {
+    pub(super) fn read(tid: u32) -> Option<Self> {
         Self::parse(&std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?)
+    }
+
+    /// Nowhere else to read it.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn read(_tid: u32) -> Option<Self> {
+        None
     }
 }
 
@@ -60,7 +67,7 @@ fn state(tid: u32) -> Option<char> {
     state_of(&std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?)
 }
 
-/// Whether thread `tid` of this process is preempted: runnable (state `R`, so in no
+/// Whether thread `tid` of this process is preempted now: runnable (state `R`, so in no
 /// wait of the kernel) across [`WINDOW`], and waiting for a CPU more than running in
 /// it. `false` when it waits in the kernel, runs, or cannot be read (then the poll
 /// counts as blocking, as it did before this was known).

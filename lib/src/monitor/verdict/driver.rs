@@ -260,14 +260,14 @@ impl DriverWatch {
     }
 
     /// Whether, at the latest check, a worker had run without publishing anything for
-    /// at least `after`: inside one poll, or busy with many.
+    /// at least `silent`: inside one poll, or busy with many.
     #[must_use]
-    pub fn sees_a_silent_worker(&self) -> bool {
+    pub fn sees_a_worker_silent_for(&self, silent: Duration) -> bool {
         let Some(at) = self.last_check else {
             return false;
         };
         self.workers.iter().any(|seen| {
-            !seen.sample.is_idle() && at.saturating_duration_since(seen.since) >= self.after
+            !seen.sample.is_idle() && at.saturating_duration_since(seen.since) >= silent
         })
     }
 
@@ -890,15 +890,16 @@ mod tests {
     fn a_silent_worker_is_seen_from_after_on_and_no_longer_once_it_publishes() {
         let mut w = watch();
         let t0 = Instant::now();
-        assert!(!w.sees_a_silent_worker(), "no check yet");
+        assert!(!w.sees_a_worker_silent_for(20 * MS), "no check yet");
         let workers = [running(5, 100), idle(3)];
         assert_eq!(w.check(t0, &workers, None), None);
         assert_eq!(w.check(t0 + 10 * MS, &workers, None), None);
-        assert!(!w.sees_a_silent_worker(), "10 ms");
+        assert!(!w.sees_a_worker_silent_for(20 * MS), "10 ms");
+        assert!(w.sees_a_worker_silent_for(10 * MS));
         let _ = w.check(t0 + 20 * MS, &workers, None);
-        assert!(w.sees_a_silent_worker());
+        assert!(w.sees_a_worker_silent_for(20 * MS));
         let _ = w.check(t0 + 30 * MS, &[running(5, 200), idle(3)], None);
-        assert!(!w.sees_a_silent_worker(), "it published");
+        assert!(!w.sees_a_worker_silent_for(MS), "it published");
     }
 
     #[test]
