@@ -61,7 +61,6 @@ fn a_scrape_while_the_monitor_is_stalled_returns_at_once_and_says_it_is_late() {
         tracing::subscriber::set_global_default(tracing_subscriber::registry().with(writer))
             .expect("the only global subscriber of this test's process");
     });
-    let closed = gate.lock().unwrap();
     let watchdog = Watchdog::builder()
         .interval(INTERVAL)
         .deadlines(Deadlines::new(Duration::from_millis(100)))
@@ -79,6 +78,9 @@ fn a_scrape_while_the_monitor_is_stalled_returns_at_once_and_says_it_is_late() {
     };
     assert_eq!(watchdog_passing(&metrics.encode()).as_deref(), Some("1"));
 
+    // Held after the watchdog is made, so dropped before it (whose drop waits for the
+    // monitor) however the test ends.
+    let closed = gate.lock().unwrap();
     // Overdue at 100 ms: the monitor's hang report waits in the log writer.
     let _hung = watchdog
         .registry()
