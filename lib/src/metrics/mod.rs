@@ -112,6 +112,9 @@ pub struct Metrics {
     paused: Counter<f64, AtomicU64>,
     driver_rescues: Counter,
     driver_wakes: Family<WakeLabels, Counter>,
+    /// The monitor's updates left out because a scrape or a registration held the lock
+    /// they need (the monitor only tries it).
+    updates_skipped: Counter,
     leader: LeaderSeries,
     health: Arc<Health>,
     api_server: Arc<ApiServerStatus>,
@@ -157,6 +160,7 @@ impl Metrics {
             paused: Counter::default(),
             driver_rescues: Counter::default(),
             driver_wakes: Family::default(),
+            updates_skipped: Counter::default(),
             leader: LeaderSeries::default(),
             health,
             api_server,
@@ -256,6 +260,11 @@ impl Metrics {
             "driver_wakes",
             "Idle runtime workers the watchdog woke to drive tokio's timers and I/O with no guarded reconcile holding a worker, by cause: busy_worker (a worker published no progress for --driver-rescue-after), preempted (the guarded reconcile in a long poll there was waiting for a CPU), heartbeat_late, not_looked_up (the lookup budget was spent)",
             self.driver_wakes.clone(),
+        );
+        registry.register(
+            "metrics_updates_skipped",
+            "Updates of these metrics the watchdog's monitor left out because a scrape or a new controller held the lock they need (the monitor never waits for one)",
+            self.updates_skipped.clone(),
         );
         registry.register_collector(Box::new(CpuThrottled(
             crate::monitor::cgroup::CpuStat::find().ok(),
@@ -366,6 +375,27 @@ impl Metrics {
         f(&self.series(controller))
     }
 
+    /// Like [`with_series`](Self::with_series) for the monitor, which never waits on a
+    /// lock a scrape or a registration may hold: it only tries the controllers' lock,
+    /// and counts the update as skipped when it is held (or when the series are yet to be
+    /// made: the handle's registration makes them).
+    fn try_with_series(&self, controller: &str, f: impl FnOnce(&ControllerSeries)) {
+        let controllers = match self.controllers.try_read() {
+            Ok(controllers) => controllers,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.updates_skipped.inc();
+                return;
+            }
+        };
+        match controllers.get(controller) {
+            Some(series) => f(series),
+            None => {
+                self.updates_skipped.inc();
+            }
+        }
+    }
+
     /// `controller`'s series, made on first sight.
     fn series(&self, controller: &str) -> Arc<ControllerSeries> {
         let mut controllers = self.controllers.write().unwrap_or_else(|p| p.into_inner());
@@ -416,15 +446,27 @@ impl monitor::Observer for Metrics {
         for (controller, n) in overdue_by {
             counts.entry(controller).or_default().1 += n;
         }
-        for controller in counts.keys() {
-            self.add_controller(controller);
-        }
-        {
-            let controllers = self.controllers.read().unwrap_or_else(|p| p.into_inner());
-            for (controller, series) in controllers.iter() {
-                let (in_flight, overdue) = counts.get(&**controller).copied().unwrap_or_default();
-                series.in_flight.set(in_flight);
-                series.overdue.set(overdue);
+        // Tried, never waited for: the lock is the one a scrape and a new controller's
+        // registration take.
+        match self.controllers.try_read() {
+            Ok(controllers) => {
+                for (controller, series) in controllers.iter() {
+                    let (in_flight, overdue) =
+                        counts.get(&**controller).copied().unwrap_or_default();
+                    series.in_flight.set(in_flight);
+                    series.overdue.set(overdue);
+                }
+                // A controller counted whose series no handle made (none can be made here
+                // without the write lock): left out, and counted.
+                let unknown = counts
+                    .keys()
+                    .filter(|c| !controllers.contains_key(**c))
+                    .count();
+                self.updates_skipped
+                    .inc_by(u64::try_from(unknown).unwrap_or(u64::MAX));
+            }
+            Err(_) => {
+                self.updates_skipped.inc();
             }
         }
 
@@ -441,7 +483,7 @@ impl monitor::Observer for Metrics {
             }
         }
         for (controller, state, n) in newly {
-            self.with_series(controller, |s| {
+            self.try_with_series(controller, |s| {
                 s.hangs(state).inc_by(n);
             });
         }
@@ -458,7 +500,7 @@ impl monitor::Observer for Metrics {
         for event in &scan.decision.events {
             match event {
                 Event::Escalated { controller, .. } => {
-                    self.with_series(controller, |s| {
+                    self.try_with_series(controller, |s| {
                         s.escalations.inc();
                     });
                 }
@@ -478,7 +520,7 @@ impl monitor::Observer for Metrics {
                 .collect();
             for id in &scan.decision.cancel {
                 if let Some(controller) = controllers.get(id) {
-                    self.with_series(controller, |s| {
+                    self.try_with_series(controller, |s| {
                         s.cancellations.inc();
                     });
                 }

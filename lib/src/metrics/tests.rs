@@ -130,7 +130,12 @@ fn reconcile_ends_land_in_the_histogram_by_outcome() {
 #[test]
 fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
     let metrics = Metrics::new(Arc::new(Health::new()));
-    let registry = Registry::new(Duration::from_secs(60));
+    // As the watchdog wires them: the handle's registration makes the series, which the
+    // scans only update.
+    let registry = Registry::with_observer(
+        Duration::from_secs(60),
+        Arc::clone(&metrics) as Arc<dyn crate::guard::Observer>,
+    );
     let hung = registry
         .controller("jobs", "Job")
         .with_deadline(Duration::ZERO)
