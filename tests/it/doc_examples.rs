@@ -32,6 +32,7 @@ const PAGES: &[&str] = &[
     "docs/install.md",
     "docs/operations.md",
     "docs/performance.md",
+    "docs/stack-capture.md",
 ];
 
 const RUNS: &[&str] = &["await", "block", "wedge"];
