@@ -17,10 +17,15 @@ use std::sync::{Mutex, OnceLock};
 /// The fixture's functions the blocking thread went through, outermost first.
 static CHAIN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
-/// Records `function` (as named after `stack_fixtures::`) as on the blocking chain.
+/// Records `function` (as named after `stack_fixtures::`) as on the blocking chain, and
+/// the thread as the one `main` waits to block.
 #[inline(never)]
 pub fn chain(function: &'static str) {
     CHAIN.lock().unwrap().push(function);
+    // The reconcile awaits a timer after it records itself: not blocked yet.
+    if function != "reconcile" {
+        super::about_to_block();
+    }
 }
 
 /// The chain recorded so far.
@@ -82,6 +87,7 @@ pub fn prepare(case: &str) -> Option<Fifo> {
 
 /// Runs adversarial case `case` on the reconcile's thread: it never returns.
 pub fn run(case: &str) {
+    chain("adversarial::run");
     match case {
         "fn_pointer" => via_fn_pointer(),
         "dyn_trait" => via_dyn_trait(),
@@ -112,6 +118,7 @@ struct Aligned([u8; 64]);
 /// frame pointers) between the caller and the C library's, which has none.
 #[inline(always)]
 fn sleep_in_libc() -> ! {
+    chain("adversarial::sleep_in_libc");
     let forever = libc::timespec {
         tv_sec: 3600,
         tv_nsec: 0,
