@@ -369,34 +369,44 @@ fn adversarial(binary: &Path, build: &str) {
     assert!(wrong.is_empty(), "{build}:\n{}", wrong.join("\n"));
 }
 
+/// Checks the ordinary cases of `binary` and judges its adversarial ones, all of them
+/// whichever fails first.
+fn judge_build(binary: &Path, frame_pointers: bool, build: &str) {
+    let ordinary = std::panic::catch_unwind(|| check(binary, frame_pointers));
+    adversarial(binary, build);
+    if let Err(failed) = ordinary {
+        std::panic::resume_unwind(failed);
+    }
+}
+
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_without_frame_pointers() {
-    let binary = build("release", "", "release");
-    check(&binary, false);
-    adversarial(&binary, "release");
+    judge_build(&build("release", "", "release"), false, "release");
 }
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_with_frame_pointers() {
-    let binary = build("release", "-Cforce-frame-pointers=yes", "release-fp");
-    check(&binary, true);
-    adversarial(&binary, "release with frame pointers");
+    judge_build(
+        &build("release", "-Cforce-frame-pointers=yes", "release-fp"),
+        true,
+        "release with frame pointers",
+    );
 }
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_with_fat_lto() {
-    let binary = build("lto", "", "lto");
-    check(&binary, false);
-    adversarial(&binary, "fat LTO, one codegen unit, panic=abort");
+    judge_build(
+        &build("lto", "", "lto"),
+        false,
+        "fat LTO, one codegen unit, panic=abort",
+    );
 }
 
 #[test]
 #[cfg(all(feature = "stack-capture", target_os = "linux", target_arch = "x86_64"))]
 fn blocked_reconciles_are_named_on_the_real_chain_in_a_debug_build() {
-    let binary = build("dev", "", "debug");
-    check(&binary, false);
-    adversarial(&binary, "debug");
+    judge_build(&build("dev", "", "debug"), false, "debug");
 }

@@ -16,12 +16,13 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use blazesym::symbolize::source::{Elf, GsymFile, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::unwind::Maps;
+use super::maps::Maps;
 use super::{Frame, MissingSymbols, short_path};
 
 /// The frames of a batch of addresses, and where each address lies.
@@ -35,6 +36,7 @@ pub(super) struct Resolved {
 }
 
 /// One mapped file that addresses of the batch lie in.
+#[derive(Clone)]
 struct MappedFile {
     path: String,
     build_id: Option<String>,
@@ -86,97 +88,132 @@ impl Resolved {
     }
 }
 
-/// Resolves `(ip, lookup)` pairs from the innermost out, up to and with the first
-/// whose frames `is_last` picks: the frame is shown at `ip` and looked up at `lookup`
-/// (a return address less one, so that it falls in the call). What lies below is left
-/// alone: the runtime's outer functions inline most of it, and their inline trees are
-/// the largest part of the symbol file that a lookup would read.
-pub(super) fn resolve(addresses: &[(usize, usize)], is_last: &dyn Fn(&Frame) -> bool) -> Resolved {
-    let maps = Maps::read().unwrap_or_default();
-    let mut files: Vec<MappedFile> = Vec::new();
-    // Per file in `files`: where its segments lie in it, or nothing if unreadable.
-    let mut facts: Vec<Option<ElfFacts>> = Vec::new();
-    let mut places = Vec::with_capacity(addresses.len());
-    let mut frames: Vec<Vec<Frame>> = Vec::with_capacity(addresses.len());
-    // Built per batch and dropped with it: its mappings and tables go too.
-    let symbolizer = Symbolizer::builder()
-        .set_debug_dirs(Option::<&[&Path]>::None)
-        .build();
-    let executable = std::env::current_exe().ok();
-    for &(ip, lookup_at) in addresses {
-        let mut found = Vec::new();
-        let mut place = None;
-        if let Some((path, offset)) = maps.file_offset(lookup_at as u64) {
-            let index = match files.iter().position(|f| f.path == path) {
-                Some(index) => index,
-                None => {
-                    let read = ElfFacts::read(Path::new(path));
-                    let source = match &read {
-                        Some(elf)
-                            if elf.build_id.is_some()
-                                && gsym_uuid(&gsym_path(path)) == elf.build_id =>
-                        {
-                            SymbolSource::SymbolFile
-                        }
-                        Some(elf) if elf.plain_dwarf => SymbolSource::Dwarf,
-                        _ => SymbolSource::SymbolTable,
-                    };
-                    files.push(MappedFile {
-                        path: path.to_owned(),
-                        build_id: read.as_ref().and_then(|elf| elf.build_id.clone()),
-                        source,
-                        executable: executable
-                            .as_deref()
-                            .is_some_and(|exe| exe == Path::new(path)),
-                    });
-                    facts.push(read);
-                    files.len() - 1
-                }
-            };
-            if let Some(address) = facts[index].as_ref().and_then(|f| f.address_of(offset)) {
-                place = Some((index, address));
-                let file = &files[index];
-                let at = [address];
-                let table = lookup(&symbolizer, &elf_source(&file.path, false), &at);
-                let table = table.first().and_then(Symbolized::as_sym);
-                let detailed = match file.source {
-                    SymbolSource::SymbolFile => lookup(
-                        &symbolizer,
-                        &GsymFile::new(gsym_path(&file.path)).into(),
-                        &at,
-                    ),
-                    SymbolSource::Dwarf => lookup(&symbolizer, &elf_source(&file.path, true), &at),
-                    SymbolSource::SymbolTable => Vec::new(),
-                };
-                match detailed.first().and_then(Symbolized::as_sym) {
-                    Some(sym) => found = frames_of(ip, sym, table),
-                    None => {
-                        if let Some(sym) = table {
-                            found = frames_of(ip, sym, None);
-                        }
-                    }
-                }
-            }
-        }
-        if found.is_empty() {
-            found.push(Frame {
-                ip,
-                function: None,
-                file: None,
-                line: None,
-            });
-        }
-        let last = found.iter().any(is_last);
-        frames.push(found);
-        places.push(place);
-        if last {
-            break;
+/// What one capture resolves symbols with: the memory map, read once, and each file's
+/// symbols, opened once (blazesym keeps what it parsed until the session is dropped).
+pub(super) struct Session {
+    maps: Maps,
+    symbolizer: Symbolizer,
+    files: Vec<MappedFile>,
+    /// Per file in `files`: where its segments lie in it, or nothing if unreadable.
+    facts: Vec<Option<ElfFacts>>,
+    executable: Option<PathBuf>,
+}
+
+impl Session {
+    pub(super) fn new() -> Self {
+        Self {
+            maps: Maps::read().unwrap_or_default(),
+            symbolizer: Symbolizer::builder()
+                .set_debug_dirs(Option::<&[&Path]>::None)
+                .build(),
+            files: Vec::new(),
+            facts: Vec::new(),
+            executable: std::env::current_exe().ok(),
         }
     }
-    Resolved {
-        frames,
-        places,
-        files,
+
+    /// The index in `files` of the mapped file at `path`, read on first use.
+    fn file(&mut self, path: &str) -> usize {
+        if let Some(index) = self.files.iter().position(|f| f.path == path) {
+            return index;
+        }
+        let read = ElfFacts::read(Path::new(path));
+        let source = match &read {
+            Some(elf) if elf.build_id.is_some() && gsym_uuid(&gsym_path(path)) == elf.build_id => {
+                SymbolSource::SymbolFile
+            }
+            Some(elf) if elf.plain_dwarf => SymbolSource::Dwarf,
+            _ => SymbolSource::SymbolTable,
+        };
+        self.files.push(MappedFile {
+            path: path.to_owned(),
+            build_id: read.as_ref().and_then(|elf| elf.build_id.clone()),
+            source,
+            executable: self
+                .executable
+                .as_deref()
+                .is_some_and(|exe| exe == Path::new(path)),
+        });
+        self.facts.push(read);
+        self.files.len() - 1
+    }
+
+    /// Resolves `(ip, lookup)` pairs from the innermost out, up to and with the first
+    /// whose frames `is_last` picks, and no further once `deadline` has passed: the
+    /// frame is shown at `ip` and looked up at `lookup` (a return address less one, so
+    /// that it falls in the call). What lies below is left alone: the runtime's outer
+    /// functions inline most of it, and their inline trees are the largest part of the
+    /// symbol file that a lookup would read.
+    pub(super) fn resolve(
+        &mut self,
+        addresses: &[(usize, usize)],
+        is_last: &dyn Fn(&Frame) -> bool,
+        deadline: Instant,
+    ) -> Resolved {
+        let mut places = Vec::with_capacity(addresses.len());
+        let mut frames: Vec<Vec<Frame>> = Vec::with_capacity(addresses.len());
+        for &(ip, lookup_at) in addresses {
+            if Instant::now() >= deadline {
+                break;
+            }
+            let mut found = Vec::new();
+            let mut place = None;
+            let located = self
+                .maps
+                .file_offset(lookup_at as u64)
+                .map(|(path, offset)| (path.to_owned(), offset));
+            if let Some((path, offset)) = located {
+                let index = self.file(&path);
+                if let Some(address) = self.facts[index]
+                    .as_ref()
+                    .and_then(|f| f.address_of(offset))
+                {
+                    place = Some((index, address));
+                    found = self.frames_at(index, ip, address);
+                }
+            }
+            if found.is_empty() {
+                found.push(Frame {
+                    ip,
+                    function: None,
+                    file: None,
+                    line: None,
+                });
+            }
+            let last = found.iter().any(is_last);
+            frames.push(found);
+            places.push(place);
+            if last {
+                break;
+            }
+        }
+        Resolved {
+            frames,
+            places,
+            files: self.files.clone(),
+        }
+    }
+
+    /// The frames at `address` of file `index` (shown at `ip`).
+    fn frames_at(&self, index: usize, ip: usize, address: u64) -> Vec<Frame> {
+        let file = &self.files[index];
+        let at = [address];
+        let table = lookup(&self.symbolizer, &elf_source(&file.path, false), &at);
+        let table = table.first().and_then(Symbolized::as_sym);
+        let detailed = match file.source {
+            SymbolSource::SymbolFile => lookup(
+                &self.symbolizer,
+                &GsymFile::new(gsym_path(&file.path)).into(),
+                &at,
+            ),
+            SymbolSource::Dwarf => lookup(&self.symbolizer, &elf_source(&file.path, true), &at),
+            SymbolSource::SymbolTable => Vec::new(),
+        };
+        match (detailed.first().and_then(Symbolized::as_sym), table) {
+            (Some(sym), table) => frames_of(ip, sym, table),
+            (None, Some(sym)) => frames_of(ip, sym, None),
+            (None, None) => Vec::new(),
+        }
     }
 }
 
@@ -313,10 +350,14 @@ fn trim_heap() {}
 mod tests {
     use super::*;
 
+    fn far() -> Instant {
+        Instant::now() + std::time::Duration::from_secs(60)
+    }
+
     #[test]
     fn a_function_of_this_binary_is_named() {
         let ip = a_function_of_this_binary_is_named as *const () as usize;
-        let resolved = resolve(&[(ip, ip)], &|_| false);
+        let resolved = Session::new().resolve(&[(ip, ip)], &|_| false, far());
         let frames = &resolved.frames[0];
         assert!(
             frames.iter().any(|f| f
@@ -331,7 +372,7 @@ mod tests {
 
     #[test]
     fn an_address_in_no_file_is_a_frame_without_a_name() {
-        let resolved = resolve(&[(0x10, 0x10)], &|_| false);
+        let resolved = Session::new().resolve(&[(0x10, 0x10)], &|_| false, far());
         assert_eq!(resolved.frames[0].len(), 1);
         assert_eq!(resolved.frames[0][0].function, None);
         assert_eq!(resolved.frames[0][0].ip, 0x10);
