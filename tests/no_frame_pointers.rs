@@ -69,6 +69,7 @@ const ADVERSARIAL: &[(&str, &[&str], &[&str])] = &[
     ("aligned_caller", &["sleep"], &[]),
     ("big_leaf", &["sleep"], &[]),
     ("big_caller", &["sleep"], &[]),
+    ("huge_leaf", &["sleep"], &[]),
     ("tail_call", &["sleep"], &[]),
     ("tail_call_libc", &["sleep"], &[]),
     (

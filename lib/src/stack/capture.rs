@@ -129,7 +129,7 @@ fn is_the_guards_poll(frame: &Frame) -> bool {
 
 /// Checks a walk against the stack address the guard recorded in its poll frame (read
 /// before the unwind; `None` when it could not be read): the walk must have gone through
-/// that frame, and found the guard's poll there. Returns whether it did.
+/// that frame, and found the guard's poll there.
 ///
 /// Every frame the walk found is exact (from unwind tables on registers it knew, or a
 /// frame record placed exactly by its function's prologue) except those from
@@ -144,7 +144,7 @@ fn check_against_the_poll_frame(
     unwound: &mut unwind::Unwound,
     resolved: &[Vec<Frame>],
     poll_frame: Option<u64>,
-) -> bool {
+) {
     let Some(poll_frame) = poll_frame else {
         if let Some(from) = unwound.unverified_from {
             cut_to(
@@ -156,7 +156,7 @@ fn check_against_the_poll_frame(
                     .to_owned(),
             );
         }
-        return false;
+        return;
     };
     let starts: Vec<(usize, u64)> = unwound
         .frame_starts
@@ -188,7 +188,7 @@ fn check_against_the_poll_frame(
                 last.ip
             ));
         }
-        return false;
+        return;
     };
     // Resolving stopped below the holder when a frame below it was the last wanted: the
     // frames shown all lie below it then, and its place is what is checked.
@@ -203,7 +203,17 @@ fn check_against_the_poll_frame(
     let named = frames.iter().any(|f| f.function.is_some());
     let is_the_poll = frames.iter().any(|f| is_the_guards_poll(f));
     if is_the_poll || (!named && unwound.unverified_from.is_none()) {
-        return true;
+        // A record found in a realigned frame above the poll's is not verified by it.
+        if let Some(unverified) = unwound.unverified_from.filter(|&at| at > from) {
+            cut_to(
+                unwound,
+                unverified,
+                "the frame record found in its caller's realigned frame lies above the \
+                 guard's poll frame, which cannot verify it"
+                    .to_owned(),
+            );
+        }
+        return;
     }
     let keep = unwound
         .unverified_from
@@ -224,7 +234,6 @@ fn check_against_the_poll_frame(
             }
         ),
     );
-    false
 }
 
 /// Keeps the first `keep` frames of `unwound`, with `why` as its note.

@@ -95,6 +95,7 @@ pub fn run(case: &str) {
         "aligned_caller" => aligned_caller(),
         "big_leaf" => via_big_leaf(),
         "big_caller" => big_caller(),
+        "huge_leaf" => via_huge_leaf(),
         "tail_call" => via_tail_call(),
         "tail_call_libc" => via_tail_call_libc(),
         "once_lock" => via_once_lock(),
@@ -274,6 +275,24 @@ fn via_big_leaf() {
 fn reach_big_sleeper_and_back() {
     let mut big = [0u8; 8192];
     black_box(&mut big);
+}
+
+/// A frame of 256 KiB: its prologue probes the stack in a loop, which the unwinder's
+/// prologue parser does not follow, and it sleeps in the C library directly, so its
+/// caller is found through its frame pointer, wherever it keeps one: a stack to cut.
+#[inline(never)]
+fn huge_sleeper() {
+    let mut huge = [0u8; 256 * 1024];
+    black_box(&mut huge);
+    chain("adversarial::huge_sleeper");
+    sleep_in_libc();
+}
+
+#[inline(never)]
+fn via_huge_leaf() {
+    chain("adversarial::via_huge_leaf");
+    huge_sleeper();
+    after_the_call();
 }
 
 /// A caller of 8 KiB.
