@@ -78,9 +78,21 @@ pub(super) fn capture_impl(
     {
         line_of_the_next_statement(&mut symbols, first.lookup, innermost, deadline);
     }
-    let stopped_early = unwound.stopped_early;
     let symbols = resolved_frames;
     let resolved = symbols.frames.len();
+    let stopped_early = if symbols.deadline_passed {
+        let unresolved = format!(
+            "the capture's deadline passed while resolving symbols: {} outer frames are left \
+             out",
+            addresses.len() - resolved
+        );
+        Some(match unwound.stopped_early {
+            Some(note) => format!("{note}; and {unresolved}"),
+            None => unresolved,
+        })
+    } else {
+        unwound.stopped_early
+    };
     let frames: Vec<Frame> = symbols.frames.iter().flatten().cloned().collect();
     // What a stack costs the monitor, for docs/performance.md.
     tracing::debug!(
@@ -90,6 +102,12 @@ pub(super) fn capture_impl(
         took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         "stack symbolized"
     );
+    if frames.is_empty() && symbols.deadline_passed {
+        return Err(Error::Deadline {
+            tid,
+            doing: "resolving the stack's symbols",
+        });
+    }
     if frames.is_empty() {
         return Err(Error::Empty);
     }

@@ -33,6 +33,9 @@ pub(super) struct Resolved {
     /// Per address: the index of its file in `files` and the address within that file.
     places: Vec<Option<(usize, u64)>>,
     files: Vec<MappedFile>,
+    /// Whether resolving stopped at the deadline, before the addresses (or the last
+    /// wanted) were all resolved.
+    pub(super) deadline_passed: bool,
 }
 
 /// One mapped file that addresses of the batch lie in.
@@ -152,8 +155,10 @@ impl Session {
     ) -> Resolved {
         let mut places = Vec::with_capacity(addresses.len());
         let mut frames: Vec<Vec<Frame>> = Vec::with_capacity(addresses.len());
+        let mut deadline_passed = false;
         for &(ip, lookup_at) in addresses {
             if Instant::now() >= deadline {
+                deadline_passed = true;
                 break;
             }
             let mut found = Vec::new();
@@ -191,6 +196,7 @@ impl Session {
             frames,
             places,
             files: self.files.clone(),
+            deadline_passed,
         }
     }
 
