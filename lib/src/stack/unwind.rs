@@ -654,7 +654,7 @@ mod native {
             eh_frame.clone(),
             [".plt", ".plt.sec", ".plt.got"]
                 .into_iter()
-                .filter_map(|name| range(name))
+                .filter_map(&range)
                 .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
                 .collect(),
         );
