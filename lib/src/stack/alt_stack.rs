@@ -70,10 +70,28 @@ pub(crate) fn prepare() -> AltStack {
             return prepared;
         }
         let Some(ours) = install() else {
+            tracing::info!(
+                target: "reconcile_watchdog::stack",
+                tid,
+                "no alternate signal stack could be installed for the capture's handler: \
+                 captures of this thread while it runs will not signal it"
+            );
             return prepared;
         };
         prepared.ours = Some(ours);
         prepared.theirs = enabled.then_some(stack);
+        if enabled {
+            // Said once per thread: the embedder's stack is not what its handlers run on
+            // while the guard holds the thread.
+            tracing::info!(
+                target: "reconcile_watchdog::stack",
+                tid,
+                size = stack.ss_size,
+                needed = needed(),
+                "the thread's alternate signal stack is too small for the capture's \
+                 handler: one that fits replaces it until the thread ends, when it is put back"
+            );
+        }
     }
     READY.lock().unwrap_or_else(|p| p.into_inner()).push(tid);
     prepared.tid = Some(tid);
