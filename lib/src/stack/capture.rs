@@ -44,6 +44,13 @@ pub(super) fn unwind_thread(
     })
 }
 
+/// How long resolving a stack's symbols may take past the capture's deadline at most: a
+/// debug build's first capture loads its DWARF, which takes up to seconds (longer than
+/// the monitor's default capture timeout), and a stack cut for that would be cut for
+/// want of time, not of knowledge. Later captures take milliseconds.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const SYMBOLS_BUDGET: Duration = Duration::from_secs(10);
+
 /// Captures thread `tid`'s stack (see [`unwind_thread`]) and resolves its frames.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 pub(super) fn capture_impl(
@@ -61,7 +68,8 @@ pub(super) fn capture_impl(
     // and the look for a thread's entry read the names resolved here.
     let lookups: Vec<(usize, usize)> = unwound.addresses.iter().map(|a| (a.ip, a.lookup)).collect();
     let mut symbols = symbols::Session::new();
-    let mut resolved_frames = symbols.resolve(&lookups, is_last, deadline);
+    let symbols_deadline = deadline.max(started + SYMBOLS_BUDGET);
+    let mut resolved_frames = symbols.resolve(&lookups, is_last, symbols_deadline);
     for (address, frames) in unwound.addresses.iter().zip(&mut resolved_frames.frames) {
         if address.tail {
             name_the_tail_calling_function_only(frames);
@@ -76,7 +84,7 @@ pub(super) fn capture_impl(
     let addresses = &unwound.addresses;
     if let (Some(first), Some(innermost)) = (addresses.first(), resolved_frames.frames.first_mut())
     {
-        line_of_the_next_statement(&mut symbols, first.lookup, innermost, deadline);
+        line_of_the_next_statement(&mut symbols, first.lookup, innermost, symbols_deadline);
     }
     let symbols = resolved_frames;
     let resolved = symbols.frames.len();
