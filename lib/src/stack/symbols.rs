@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use blazesym::symbolize::source::{Elf, GsymFile, Source};
 use blazesym::symbolize::{CodeInfo, Input, Sym, Symbolized, Symbolizer};
-use object::{Object, ObjectSection, ObjectSegment};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::maps::Maps;
 use super::{Frame, MissingSymbols, short_path};
@@ -156,6 +156,9 @@ impl Session {
         let mut places = Vec::with_capacity(addresses.len());
         let mut frames: Vec<Vec<Frame>> = Vec::with_capacity(addresses.len());
         let mut deadline_passed = false;
+        // Per frame of the executable named from its symbol table: the file and where
+        // the function starts, to look for other functions that start there too.
+        let mut named_at: Vec<(usize, usize, u64)> = Vec::new();
         for &(ip, lookup_at) in addresses {
             if Instant::now() >= deadline {
                 deadline_passed = true;
@@ -174,7 +177,11 @@ impl Session {
                     .and_then(|f| f.address_of(offset))
                 {
                     place = Some((index, address));
-                    found = self.frames_at(index, ip, address);
+                    let start;
+                    (found, start) = self.frames_at(index, ip, address);
+                    if let Some(start) = start.filter(|_| self.files[index].executable) {
+                        named_at.push((frames.len(), index, start));
+                    }
                 }
             }
             if found.is_empty() {
@@ -192,6 +199,7 @@ impl Session {
                 break;
             }
         }
+        self.say_when_shared(&mut frames, &named_at);
         Resolved {
             frames,
             places,
@@ -200,8 +208,45 @@ impl Session {
         }
     }
 
-    /// The frames at `address` of file `index` (shown at `ip`).
-    fn frames_at(&self, index: usize, ip: usize, address: u64) -> Vec<Frame> {
+    /// Adds `(or N others with the same code)` to the name of each frame of `named_at`
+    /// (frame, file, function start) whose start is also the start of other functions
+    /// in its file's symbol table: code folded by the linker, or one generic body for
+    /// several types. The name shown is one of them, as the symbol table gave it.
+    fn say_when_shared(&self, frames: &mut [Vec<Frame>], named_at: &[(usize, usize, u64)]) {
+        let mut files: Vec<usize> = named_at.iter().map(|&(_, file, _)| file).collect();
+        files.sort_unstable();
+        files.dedup();
+        for file in files {
+            let mut starts: Vec<u64> = named_at
+                .iter()
+                .filter(|&&(_, f, _)| f == file)
+                .map(|&(_, _, start)| start)
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            let names = functions_starting_at(Path::new(&self.files[file].path), &starts);
+            for &(frame, _, start) in named_at.iter().filter(|&&(_, f, _)| f == file) {
+                let others = names
+                    .iter()
+                    .filter(|(at, _)| *at == start)
+                    .count()
+                    .saturating_sub(1);
+                if let Some(outer) = frames[frame].last_mut().filter(|_| others > 0)
+                    && let Some(function) = &mut outer.function
+                {
+                    let others = match others {
+                        1 => "1 other".to_owned(),
+                        n => format!("{n} others"),
+                    };
+                    function.push_str(&format!(" (or {others} with the same code)"));
+                }
+            }
+        }
+    }
+
+    /// The frames at `address` of file `index` (shown at `ip`), and where the function
+    /// starts when its name is the symbol table's.
+    fn frames_at(&self, index: usize, ip: usize, address: u64) -> (Vec<Frame>, Option<u64>) {
         let file = &self.files[index];
         let at = [address];
         let table = lookup(&self.symbolizer, &elf_source(&file.path, false), &at);
@@ -216,9 +261,12 @@ impl Session {
             SymbolSource::SymbolTable => Vec::new(),
         };
         match (detailed.first().and_then(Symbolized::as_sym), table) {
-            (Some(sym), table) => frames_of(ip, sym, table),
-            (None, Some(sym)) => frames_of(ip, sym, None),
-            (None, None) => Vec::new(),
+            (Some(sym), table) => (
+                frames_of(ip, sym, table),
+                table.filter(|t| t.addr == sym.addr).map(|t| t.addr),
+            ),
+            (None, Some(sym)) => (frames_of(ip, sym, None), Some(sym.addr)),
+            (None, None) => (Vec::new(), None),
         }
     }
 }
@@ -272,6 +320,34 @@ fn frames_of(ip: usize, sym: &Sym<'_>, table: Option<&Sym<'_>>) -> Vec<Frame> {
         line,
     });
     frames
+}
+
+/// The distinct names (without a symbol version) of the functions in the symbol table
+/// of the file at `path` that start at one of `starts` (sorted), each with its start.
+/// One pass over the table's entries; names are read for those that match only.
+fn functions_starting_at(path: &Path, starts: &[u64]) -> Vec<(u64, String)> {
+    let Ok(file) = File::open(path) else {
+        return Vec::new();
+    };
+    let cache = object::read::ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&cache) else {
+        return Vec::new();
+    };
+    let mut names: Vec<(u64, String)> = Vec::new();
+    for symbol in elf.symbols() {
+        if symbol.kind() != SymbolKind::Text || starts.binary_search(&symbol.address()).is_err() {
+            continue;
+        }
+        let Ok(name) = symbol.name() else {
+            continue;
+        };
+        let name = name.split('@').next().unwrap_or(name);
+        let at = symbol.address();
+        if !names.iter().any(|(a, n)| *a == at && n == name) {
+            names.push((at, name.to_owned()));
+        }
+    }
+    names
 }
 
 /// The build id of a GSYM file's header (its UUID), if the file is there.
@@ -374,6 +450,42 @@ mod tests {
         );
         // A test binary has its DWARF uncompressed: nothing is reported missing.
         assert!(resolved.missing(1).is_empty());
+    }
+
+    /// A function with a second name at its start, as the symbol table of code folded
+    /// by the linker (or one generic body for several types) has.
+    #[inline(never)]
+    fn a_function_with_a_second_name() -> u32 {
+        std::hint::black_box(7)
+    }
+
+    std::arch::global_asm!(
+        ".globl reconcile_watchdog_second_name_of_a_function",
+        ".type reconcile_watchdog_second_name_of_a_function, %function",
+        ".set reconcile_watchdog_second_name_of_a_function, {f}",
+        f = sym a_function_with_a_second_name,
+    );
+
+    #[test]
+    fn a_function_whose_code_has_another_name_says_so() {
+        let ip = a_function_with_a_second_name as *const () as usize;
+        let resolved = Session::new().resolve(&[(ip, ip)], &|_| false, far());
+        let outer = resolved.frames[0].last().expect("a frame");
+        let name = outer.function.as_deref().unwrap_or_default();
+        assert!(
+            name.ends_with(" (or 1 other with the same code)"),
+            "{:?}",
+            resolved.frames[0]
+        );
+        // A function with one name is not marked.
+        let ip = an_address_in_no_file_is_a_frame_without_a_name as *const () as usize;
+        let resolved = Session::new().resolve(&[(ip, ip)], &|_| false, far());
+        let name = resolved.frames[0].last().and_then(|f| f.function.clone());
+        assert!(
+            name.as_deref()
+                .is_some_and(|n| !n.contains("with the same code")),
+            "{name:?}"
+        );
     }
 
     #[test]
