@@ -1,11 +1,11 @@
 //! Vouches for each step of an unwind before it is shown: the return address must follow
 //! a call instruction, and a direct call must call the function of the frame below.
 //!
-//! A stack searched for frame records can hold records that are stale (left by calls
-//! that have returned, in memory a later frame never wrote): a walk through them is a
-//! plausible chain of functions that are not on the call chain. The crash-report
-//! scanners' checks tell them apart: a return address is the address after a call, and
-//! when the call is direct its target is where the callee starts. The callee's start is
+//! These checks catch a walk that went astray (a wrong frame record, code without unwind
+//! information) at the first step that does not fit; they cannot tell a stale frame
+//! record (left by a call that has returned) from a live one, which is why the unwinder
+//! never searches the stack for records. A return address is the address after a call,
+//! and when the call is direct its target is where the callee starts. The callee's start is
 //! taken from its unwind table entry (`.eh_frame_hdr`'s sorted table and the FDE's
 //! range), which every module the unwinder can step through has, stripped or not; a
 //! symbol table would be missing from a stripped binary. Code is read through
