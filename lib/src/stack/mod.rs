@@ -745,11 +745,10 @@ mod tests {
             let stop = Arc::clone(&stop);
             thread_running(move || spinning_on_the_clock(&stop))
         };
-        // A debug test binary resolves its DWARF per capture (about a second each on a
-        // loaded two-core machine): a bound far above that.
         let mut stacks = 0;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while stacks < 10 && Instant::now() < deadline {
+        // Generous: on a loaded machine most captures may time out (below).
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while stacks < 20 && Instant::now() < deadline {
             match capture(tid, TIMEOUT) {
                 Ok(stack) => {
                     assert!(stack.mentions("spinning_on_the_clock"), "{stack}");
@@ -760,7 +759,7 @@ mod tests {
                 Err(err) => panic!("{err}"),
             }
         }
-        assert_eq!(stacks, 10, "10 stacks within 60 s");
+        assert_eq!(stacks, 20, "20 stacks within 120 s");
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
     }

@@ -1,6 +1,6 @@
 //! Hang reports' stacks in an operator author's own build: `tests/stack-fixtures`, a crate
 //! outside this workspace (so without its wrapper, which forces frame pointers on this
-//! repository's crates), built four ways: in release with the profile docs/diagnostics.md
+//! repository's crates), built four ways: in release with the profile docs/stack-capture.md
 //! gives embedders, the same with `-Cforce-frame-pointers=yes` on every crate, with fat
 //! LTO, one codegen unit and `panic = "abort"`, and in debug.
 //!
