@@ -7,10 +7,12 @@
 //! the kubelet from. Neither the monitor nor the probe server depend on the async
 //! runtime that runs the reconciles, so they keep telling the truth when it is wedged.
 //!
-//! `unsafe` code is denied except in three modules, each block with its SAFETY comment:
-//! the guard's clock (`clock_gettime`), the [`stack`] capture's signal handler and
-//! `tgkill` (feature `stack-capture`), and its heap trim after symbolizing
-//! (`malloc_trim`). docs/diagnostics.md lists what each does.
+//! `unsafe` code is denied except in five modules, each block with its SAFETY comment:
+//! the guard's clock (`clock_gettime`, `guard/clock.rs`) and, for the [`stack`] capture,
+//! its signal handler and `tgkill` (`stack/signal.rs`), the threads' alternate signal
+//! stacks (`stack/alt_stack.rs`), the read of a thread's poll-frame cell
+//! (`stack/anchor.rs`) and the heap trim after symbolizing (`malloc_trim`,
+//! `stack/symbols.rs`). docs/stack-capture.md lists what each block does.
 //!
 //! ```
 //! use std::time::Duration;
