@@ -4,4 +4,5 @@
 mod support;
 
 mod docs;
+mod kube_3_operator;
 mod metrics_any_registry;
