@@ -321,14 +321,15 @@ impl Builder {
             (Some(metrics), Some(addr)) => {
                 let metrics = Arc::clone(metrics);
                 let routes = crate::metrics::routes(move || metrics.encode());
-                let server = HttpServer::spawn("metrics-server", addr, routes).map_err(|e| match e {
-                    probes::Error::Bind { addr, source }
-                        if source.kind() == std::io::ErrorKind::AddrInUse =>
-                    {
-                        Error::MetricsAddressTaken { addr, source }
-                    }
-                    other => Error::Metrics(other),
-                })?;
+                let server =
+                    HttpServer::spawn("metrics-server", addr, routes).map_err(|e| match e {
+                        probes::Error::Bind { addr, source }
+                            if source.kind() == std::io::ErrorKind::AddrInUse =>
+                        {
+                            Error::MetricsAddressTaken { addr, source }
+                        }
+                        other => Error::Metrics(other),
+                    })?;
                 Some(server)
             }
             _ => None,

@@ -170,7 +170,10 @@ fn every_relative_link_and_anchor_of_the_pages_resolves() {
             }
         }
     }
-    assert!(checked > 100, "too few links found ({checked}): is the parser blind?");
+    assert!(
+        checked > 100,
+        "too few links found ({checked}): is the parser blind?"
+    );
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
@@ -181,8 +184,14 @@ fn the_anchors_are_githubs() {
         slug("Where an awaiting reconcile waits: `waiting_on`, `label`, `waker`, `task_trace`"),
         "where-an-awaiting-reconcile-waits-waiting_on-label-waker-task_trace"
     );
-    assert_eq!(slug("1. The adapter, with your own `Controller::run`"), "1-the-adapter-with-your-own-controllerrun");
-    assert_eq!(slug("The watchdog's flags in your command line"), "the-watchdogs-flags-in-your-command-line");
+    assert_eq!(
+        slug("1. The adapter, with your own `Controller::run`"),
+        "1-the-adapter-with-your-own-controllerrun"
+    );
+    assert_eq!(
+        slug("The watchdog's flags in your command line"),
+        "the-watchdogs-flags-in-your-command-line"
+    );
     assert_eq!(
         anchors("# A\n\n## A\n\n```\n# not a heading\n```\n### B [link](x.md)\n"),
         ["a", "a-1", "b-link"].map(String::from).into()
@@ -213,7 +222,9 @@ fn explicit_targets() -> BTreeSet<String> {
         for literal in text.split('"').skip(1).step_by(2) {
             if literal.starts_with("reconcile_watchdog")
                 && literal.contains("::")
-                && literal.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                && literal
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
             {
                 targets.insert(literal.to_owned());
             }
@@ -235,9 +246,12 @@ fn module_file(path: &str) -> Option<PathBuf> {
         return Some(dir.join("lib.rs"));
     }
     let joined: PathBuf = rest.iter().collect();
-    [dir.join(&joined).with_extension("rs"), dir.join(&joined).join("mod.rs")]
-        .into_iter()
-        .find(|file| file.exists())
+    [
+        dir.join(&joined).with_extension("rs"),
+        dir.join(&joined).join("mod.rs"),
+    ]
+    .into_iter()
+    .find(|file| file.exists())
 }
 
 /// Whether `path` names a module of the code, or an item a module of it mentions.
@@ -308,13 +322,18 @@ fn flags() -> BTreeSet<String> {
         for word in help.split(|c: char| c.is_whitespace() || c == ',' || c == '=') {
             if let Some(name) = word.strip_prefix("--")
                 && !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
             {
                 flags.insert(format!("--{name}"));
             }
         }
     }
-    assert!(flags.len() > 20, "too few flags read from --help: {flags:?}");
+    assert!(
+        flags.len() > 20,
+        "too few flags read from --help: {flags:?}"
+    );
     flags
 }
 
@@ -333,18 +352,31 @@ fn features_named(text: &str) -> Vec<String> {
             && let Some((_, list)) = line.split_once("features = [")
         {
             let list = list.split(']').next().unwrap_or_default();
-            named.extend(list.split(',').map(|f| f.trim().trim_matches('"').to_owned()));
+            named.extend(
+                list.split(',')
+                    .map(|f| f.trim().trim_matches('"').to_owned()),
+            );
         }
     }
     let mut in_table = false;
     for (_, line) in prose(text) {
-        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
         if !line.trim_start().starts_with('|') {
             in_table = false;
         } else if cells[0] == "feature" {
             in_table = true;
         } else if in_table && !cells[0].starts_with("---") {
-            named.extend(code_spans(cells[0]).into_iter().filter(|s| is_name(s)).map(str::to_owned));
+            named.extend(
+                code_spans(cells[0])
+                    .into_iter()
+                    .filter(|s| is_name(s))
+                    .map(str::to_owned),
+            );
         }
     }
     let flat = without_fences(text).replace('\n', " ");
@@ -356,7 +388,9 @@ fn features_named(text: &str) -> Vec<String> {
         let mut listing = false;
         for (index, span) in parts.iter().enumerate().skip(1).step_by(2) {
             let before = parts[index - 1].trim_end().to_lowercase();
-            let after = parts.get(index + 1).map_or(String::new(), |s| s.to_lowercase());
+            let after = parts
+                .get(index + 1)
+                .map_or(String::new(), |s| s.to_lowercase());
             let separator = matches!(before.trim(), "," | "and" | "or" | ", and" | ", or");
             listing = before.ends_with("feature")
                 || before.ends_with("features")
@@ -371,7 +405,11 @@ fn features_named(text: &str) -> Vec<String> {
 }
 
 fn without_fences(text: &str) -> String {
-    prose(text).into_iter().map(|(_, l)| l).collect::<Vec<_>>().join("\n")
+    prose(text)
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The flags a page's prose names: a code span that starts with `--`, and the `--x`
@@ -399,7 +437,8 @@ fn flags_named(text: &str) -> Vec<String> {
 fn the_readmes_name_only_targets_features_and_flags_the_code_has() {
     let targets = explicit_targets();
     assert!(
-        targets.contains("reconcile_watchdog::hang") && targets.contains("reconcile_watchdog::near_miss"),
+        targets.contains("reconcile_watchdog::hang")
+            && targets.contains("reconcile_watchdog::near_miss"),
         "the code's targets were not found: {targets:?}"
     );
     let (features, flags) = (features(), flags());
@@ -408,7 +447,9 @@ fn the_readmes_name_only_targets_features_and_flags_the_code_has() {
         let text = read(&root().join(page));
         for path in crate_paths(&text) {
             if !targets.contains(&path) && !resolves(&path) {
-                wrong.push(format!("{page}: `{path}` is neither a log target nor a path of the code"));
+                wrong.push(format!(
+                    "{page}: `{path}` is neither a log target nor a path of the code"
+                ));
             }
         }
         // What a page calls a target must be one: named by the code, or a module that logs.
@@ -422,22 +463,31 @@ fn the_readmes_name_only_targets_features_and_flags_the_code_has() {
                 }
                 let logs = module_file(span).is_some_and(|f| read(&f).contains("tracing::"));
                 if !targets.contains(span) && !logs {
-                    wrong.push(format!("{page}: target `{span}` is not one the code logs under"));
+                    wrong.push(format!(
+                        "{page}: target `{span}` is not one the code logs under"
+                    ));
                 }
             }
         }
         let named = features_named(&text);
         for feature in &named {
             if !features.contains(feature) {
-                wrong.push(format!("{page}: feature `{feature}` is not the library's nor the binary's"));
+                wrong.push(format!(
+                    "{page}: feature `{feature}` is not the library's nor the binary's"
+                ));
             }
         }
         for flag in flags_named(&text) {
             if !flags.contains(&flag) {
-                wrong.push(format!("{page}: flag `{flag}` is not in any subcommand's --help"));
+                wrong.push(format!(
+                    "{page}: flag `{flag}` is not in any subcommand's --help"
+                ));
             }
         }
-        assert!(!named.is_empty(), "{page}: no feature found: is the reader blind?");
+        assert!(
+            !named.is_empty(),
+            "{page}: no feature found: is the reader blind?"
+        );
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
@@ -452,12 +502,23 @@ fn the_readers_of_names_see_what_a_page_says() {
                 Run `reconcile-watchdog demo --hang-kind block` or with `--on-hang=cancel`; `cargo run --release`.";
     assert_eq!(
         features_named(text),
-        ["kube-3", "stack-capture", "clap", "task-dump", "kube-4", "kube-3", "nope"]
+        [
+            "kube-3",
+            "stack-capture",
+            "clap",
+            "task-dump",
+            "kube-4",
+            "kube-3",
+            "nope"
+        ]
     );
     assert_eq!(flags_named(text), ["--hang-kind", "--on-hang"]);
     assert_eq!(
         crate_paths(text),
-        ["reconcile_watchdog::hang", "reconcile_watchdog::kube::guarded"]
+        [
+            "reconcile_watchdog::hang",
+            "reconcile_watchdog::kube::guarded"
+        ]
     );
     assert!(resolves("reconcile_watchdog::kube::guarded"));
     assert!(!resolves("reconcile_watchdog::kube::no_such_thing"));
@@ -473,9 +534,15 @@ fn regions(source: &str) -> BTreeMap<String, String> {
         let trimmed = line.trim();
         if let Some(name) = trimmed.strip_prefix("// docs: begin ") {
             assert!(open.is_none(), "`{name}` opens inside another block");
-            open = Some((name.to_owned(), line.len() - line.trim_start().len(), Vec::new()));
+            open = Some((
+                name.to_owned(),
+                line.len() - line.trim_start().len(),
+                Vec::new(),
+            ));
         } else if let Some(name) = trimmed.strip_prefix("// docs: end ") {
-            let (begun, _, lines) = open.take().unwrap_or_else(|| panic!("`{name}` ends unopened"));
+            let (begun, _, lines) = open
+                .take()
+                .unwrap_or_else(|| panic!("`{name}` ends unopened"));
             assert_eq!(begun, name, "a block ends under another name");
             regions.insert(begun, lines.join("\n"));
         } else if let Some((_, indent, lines)) = &mut open {
@@ -503,7 +570,11 @@ fn quotes(page: &str) -> Vec<(String, String, usize, String)> {
         let (path, name) = marker.split_once('#').expect("a quote is PATH#NAME");
         let fence = lines.get(index + 1).expect("a block follows the marker");
         let indent = fence.len() - fence.trim_start().len();
-        assert!(fence.trim_start().starts_with("```"), "line {}: no fence after the marker", index + 2);
+        assert!(
+            fence.trim_start().starts_with("```"),
+            "line {}: no fence after the marker",
+            index + 2
+        );
         let body: Vec<&str> = lines[index + 2..]
             .iter()
             .take_while(|l| !l.trim_start().starts_with("```"))
@@ -520,9 +591,9 @@ fn the_code_the_pages_quote_is_the_examples_code() {
     for page in pages() {
         for (path, name, line, body) in quotes(&read(&page)) {
             let regions = regions(&read(&root().join(&path)));
-            let region = regions
-                .get(&name)
-                .unwrap_or_else(|| panic!("{}:{line}: {path} has no block `{name}`", page.display()));
+            let region = regions.get(&name).unwrap_or_else(|| {
+                panic!("{}:{line}: {path} has no block `{name}`", page.display())
+            });
             assert_eq!(
                 &body,
                 region,
@@ -533,7 +604,10 @@ fn the_code_the_pages_quote_is_the_examples_code() {
         }
     }
     // Every marked block of the examples is on a page.
-    for path in ["examples/downstream/src/main.rs", "examples/kube-3-operator/src/main.rs"] {
+    for path in [
+        "examples/downstream/src/main.rs",
+        "examples/kube-3-operator/src/main.rs",
+    ] {
         for name in regions(&read(&root().join(path))).keys() {
             assert!(
                 quoted.contains(&(path.to_owned(), name.clone())),
@@ -549,7 +623,8 @@ fn a_changed_example_is_a_differing_quote() {
     let source = "fn main() {\n    // docs: begin one\n    let a = 1;\n\n    let b = 2;\n    // docs: end one\n}\n";
     let regions = regions(source);
     assert_eq!(regions["one"], "let a = 1;\n\nlet b = 2;");
-    let page = "Text\n\n  <!-- quote: x.rs#one -->\n  ```rust\n  let a = 1;\n\n  let b = 3;\n  ```\n";
+    let page =
+        "Text\n\n  <!-- quote: x.rs#one -->\n  ```rust\n  let a = 1;\n\n  let b = 3;\n  ```\n";
     let quoted = quotes(page);
     assert_eq!(quoted.len(), 1);
     assert_ne!(quoted[0].3, regions["one"]);
@@ -597,12 +672,19 @@ fn unsafe_modules() -> BTreeSet<String> {
         }
         // A module its parent declares under `#[cfg(test)]`, or `cfg(all(test, …))`, is
         // the tests' own.
-        let name = file.file_stem().and_then(|s| s.to_str()).expect("a file name");
+        let name = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("a file name");
         let dir = file.parent().expect("a folder");
-        let parent = [dir.join("mod.rs"), dir.with_extension("rs"), src.join("lib.rs")]
-            .into_iter()
-            .find(|p| p.exists() && *p != file)
-            .expect("a parent module");
+        let parent = [
+            dir.join("mod.rs"),
+            dir.with_extension("rs"),
+            src.join("lib.rs"),
+        ]
+        .into_iter()
+        .find(|p| p.exists() && *p != file)
+        .expect("a parent module");
         let parent = read(&parent);
         let lines: Vec<&str> = parent.lines().collect();
         let test_only = lines.iter().enumerate().any(|(at, line)| {
@@ -622,26 +704,36 @@ fn unsafe_modules() -> BTreeSet<String> {
 fn the_pages_name_every_module_that_allows_unsafe_code() {
     let modules = unsafe_modules();
     assert!(modules.contains("guard/clock.rs"), "{modules:?}");
-    let count = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight"]
-        .get(modules.len())
-        .copied()
-        .unwrap_or("many");
+    let count = [
+        "no", "one", "two", "three", "four", "five", "six", "seven", "eight",
+    ]
+    .get(modules.len())
+    .copied()
+    .unwrap_or("many");
     let front_page = read(&root().join("lib/src/lib.rs"));
     let table = read(&root().join("docs/stack-capture.md"));
     let readme = read(&root().join("README.md"));
     let mut wrong = Vec::new();
-    if !front_page.contains(&format!("`unsafe` code is denied except in {count} modules")) {
-        wrong.push(format!("lib/src/lib.rs does not say `unsafe` is in {count} modules"));
+    if !front_page.contains(&format!(
+        "`unsafe` code is denied except in {count} modules"
+    )) {
+        wrong.push(format!(
+            "lib/src/lib.rs does not say `unsafe` is in {count} modules"
+        ));
     }
     if !table.contains(&format!("except in {count} modules")) {
-        wrong.push(format!("docs/stack-capture.md does not say `unsafe` is in {count} modules"));
+        wrong.push(format!(
+            "docs/stack-capture.md does not say `unsafe` is in {count} modules"
+        ));
     }
     for module in &modules {
         if !front_page.contains(&format!("`{module}`")) {
             wrong.push(format!("lib/src/lib.rs does not name {module}"));
         }
         if !table.contains(&format!("`lib/src/{module}`")) {
-            wrong.push(format!("docs/stack-capture.md's table has no row for lib/src/{module}"));
+            wrong.push(format!(
+                "docs/stack-capture.md's table has no row for lib/src/{module}"
+            ));
         }
         // The layout's table names the file, alone or with its folder.
         let file = module.rsplit('/').next().expect("a file");
@@ -649,5 +741,9 @@ fn the_pages_name_every_module_that_allows_unsafe_code() {
             wrong.push(format!("README.md's layout does not name {file}"));
         }
     }
-    assert!(wrong.is_empty(), "modules with unsafe code: {modules:?}\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "modules with unsafe code: {modules:?}\n{}",
+        wrong.join("\n")
+    );
 }

@@ -31,13 +31,19 @@ async fn appended_to_an_operators_exposition_it_parses_strictly_with_both_famili
         .expect("the watchdog starts");
     let configmaps = watchdog.registry().controller("configmaps", "ConfigMap");
     configmaps
-        .guard(ObjectKey::namespaced("default", "app"), async { Ok::<_, ()>(()) })
+        .guard(ObjectKey::namespaced("default", "app"), async {
+            Ok::<_, ()>(())
+        })
         .await
         .expect("not cancelled")
         .expect("ok");
     let mut operator = Registry::default();
     let reconciled = Counter::<u64>::default();
-    operator.register("myop_reconciled", "ConfigMaps reconciled", reconciled.clone());
+    operator.register(
+        "myop_reconciled",
+        "ConfigMaps reconciled",
+        reconciled.clone(),
+    );
     reconciled.inc();
 
     let text = joined(&operator, &watchdog);

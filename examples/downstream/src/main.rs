@@ -87,7 +87,11 @@ async fn reconcile(configmap: Arc<ConfigMap>, ctx: Arc<Context>) -> Result<Actio
         tracing::info!(configmap = %name, took = ?took, "the synchronous call returned");
         return Ok(Action::requeue(duration));
     }
-    let keys = configmap.data.as_ref().map_or(0, |data| data.len()).to_string();
+    let keys = configmap
+        .data
+        .as_ref()
+        .map_or(0, |data| data.len())
+        .to_string();
     if configmap.annotations().get(KEYS) != Some(&keys) {
         let namespace = configmap.namespace().unwrap_or_default();
         let patch = serde_json::json!({ "metadata": { "annotations": { KEYS: keys } } });
@@ -130,8 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let logs = tracing_subscriber::fmt()
         .with_writer(writer)
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         );
     match cli.log_format {
         LogFormat::Text => logs.init(),

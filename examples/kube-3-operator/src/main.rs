@@ -92,13 +92,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut registry = Registry::default();
     let reconciled = Counter::default();
-    registry.register("myop_reconciled", "ConfigMaps reconciled", reconciled.clone());
+    registry.register(
+        "myop_reconciled",
+        "ConfigMaps reconciled",
+        reconciled.clone(),
+    );
     let metrics = tokio::spawn(serve_metrics(Arc::new(registry), Arc::new(watchdog)));
 
     let client = Client::try_default().await?;
     Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
         .shutdown_on_signal()
-        .run(guarded(handle, reconcile), error_policy, Arc::new(Context { reconciled }))
+        .run(
+            guarded(handle, reconcile),
+            error_policy,
+            Arc::new(Context { reconciled }),
+        )
         .for_each(|_| async {})
         .await;
     metrics.abort();
