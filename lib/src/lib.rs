@@ -96,7 +96,9 @@ pub struct ReadmeDoctests;
 pub struct EmbeddingDoctests;
 
 /// The monitor's internals, public for this crate's own tests and benchmarks (feature
-/// `internals`, which its dev-dependency on itself turns on): not API.
+/// `internals`, which its dev-dependency on itself turns on): not API. The one way the
+/// crate shows what is its own: the modules keep such items crate-private, and this
+/// module re-exports them.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
@@ -104,7 +106,7 @@ pub mod internals {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use crate::guard::{ControllerCounts, Ended, InFlight, Registry};
+    use crate::guard::{Ended, InFlight, Registry};
     #[cfg(feature = "metrics")]
     use crate::health::Health;
     #[cfg(feature = "metrics")]
@@ -114,7 +116,15 @@ pub mod internals {
     pub use crate::monitor::inspect::Diagnostics;
     pub use crate::monitor::observer::{Observer, Scan};
     pub use crate::monitor::start::Monitor;
-    pub use crate::monitor::verdict::{Config, DRIVER_RESCUE_AFTER, Verdict, driver};
+    pub use crate::guard::deadlines::NEAR_MISS_SHARE;
+    pub use crate::guard::map::{BuildIdHasher, IdHasher};
+    pub use crate::guard::registry::ControllerCounts;
+    pub use crate::monitor::verdict::{Config, DRIVER_RESCUE_AFTER, Verdict};
+
+    /// The runtime rescue's decision.
+    pub mod driver {
+        pub use crate::monitor::verdict::driver::*;
+    }
 
     /// The deadline advisor, whose report the binary's `deadlines` command reads.
     pub mod deadlines {
