@@ -112,13 +112,13 @@ pub mod internals {
     #[cfg(feature = "metrics")]
     use crate::metrics::Metrics;
 
+    pub use crate::guard::deadlines::NEAR_MISS_SHARE;
+    pub use crate::guard::map::{BuildIdHasher, IdHasher};
+    pub use crate::guard::registry::ControllerCounts;
     pub use crate::monitor::heartbeat::RuntimeHeartbeat;
     pub use crate::monitor::inspect::Diagnostics;
     pub use crate::monitor::observer::{Observer, Scan};
     pub use crate::monitor::start::Monitor;
-    pub use crate::guard::deadlines::NEAR_MISS_SHARE;
-    pub use crate::guard::map::{BuildIdHasher, IdHasher};
-    pub use crate::guard::registry::ControllerCounts;
     pub use crate::monitor::verdict::{Config, DRIVER_RESCUE_AFTER, Verdict};
 
     /// The runtime rescue's decision.

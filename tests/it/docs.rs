@@ -607,6 +607,7 @@ fn the_code_the_pages_quote_is_the_examples_code() {
     for path in [
         "examples/downstream/src/main.rs",
         "examples/kube-3-operator/src/main.rs",
+        "examples/older-kube/src/lib.rs",
     ] {
         for name in regions(&read(&root().join(path))).keys() {
             assert!(

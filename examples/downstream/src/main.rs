@@ -30,7 +30,6 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-// docs: begin cli
 /// A ConfigMap operator.
 #[derive(Parser)]
 #[command(version)]
@@ -48,7 +47,6 @@ struct Cli {
     #[command(flatten)]
     watchdog: reconcile_watchdog::WatchdogArgs,
 }
-// docs: end cli
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {

@@ -42,11 +42,11 @@ pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 pub use handle::ControllerHandle;
-#[cfg_attr(not(test), allow(unused_imports))]
-pub(crate) use registry::ControllerCounts;
 pub(crate) use map::BuildIdHasher;
 pub use observer::{ControllerObserver, Ended, LateEnd, Observer};
 pub use reconcile_guard::Guard;
+#[cfg_attr(not(test), allow(unused_imports))]
+pub(crate) use registry::ControllerCounts;
 pub use registry::Registry;
 pub use thread::ThreadInfo;
 #[cfg(test)]
