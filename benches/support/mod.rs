@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use futures::task::AtomicWaker;
 use reconcile_watchdog::guard::{
-    BuildIdHasher, ControllerHandle, Deadlines, Fanout, Guarded, InFlight, NEAR_MISS_SHARE,
-    ObjectKey, Observer, Registry,
+    ControllerHandle, Deadlines, Fanout, Guarded, InFlight, ObjectKey, Observer, Registry,
 };
 use reconcile_watchdog::health::Health;
 use reconcile_watchdog::internals::deadlines::Advisor;
-use reconcile_watchdog::internals::{Config, MetricsInternals, RegistryInternals, Verdict};
+use reconcile_watchdog::internals::{
+    BuildIdHasher, Config, MetricsInternals, NEAR_MISS_SHARE, RegistryInternals, Verdict,
+};
 use reconcile_watchdog::metrics::Metrics;
 
 /// The deadline every benchmarked reconcile gets: far away, so none is ever overdue.
@@ -363,7 +364,7 @@ pub struct InFlightSet {
     #[allow(dead_code)]
     reconciles: Vec<Stuck>,
     snapshot: Vec<InFlight>,
-    counts: reconcile_watchdog::guard::ControllerCounts,
+    counts: reconcile_watchdog::internals::ControllerCounts,
     verdict: Verdict,
 }
 

@@ -7,10 +7,12 @@
 //! the kubelet from. Neither the monitor nor the probe server depend on the async
 //! runtime that runs the reconciles, so they keep telling the truth when it is wedged.
 //!
-//! `unsafe` code is denied except in three modules, each block with its SAFETY comment:
-//! the guard's clock (`clock_gettime`), the [`stack`] capture's signal handler and
-//! `tgkill` (feature `stack-capture`), and its heap trim after symbolizing
-//! (`malloc_trim`). docs/diagnostics.md lists what each does.
+//! `unsafe` code is denied except in five modules, each block with its SAFETY comment:
+//! the guard's clock (`clock_gettime`, `guard/clock.rs`) and, for the [`stack`] capture,
+//! its signal handler and `tgkill` (`stack/signal.rs`), the threads' alternate signal
+//! stacks (`stack/alt_stack.rs`), the read of a thread's poll-frame cell
+//! (`stack/anchor.rs`) and the heap trim after symbolizing (`malloc_trim`,
+//! `stack/symbols.rs`). docs/stack-capture.md lists what each block does.
 //!
 //! ```
 //! use std::time::Duration;
@@ -94,7 +96,9 @@ pub struct ReadmeDoctests;
 pub struct EmbeddingDoctests;
 
 /// The monitor's internals, public for this crate's own tests and benchmarks (feature
-/// `internals`, which its dev-dependency on itself turns on): not API.
+/// `internals`, which its dev-dependency on itself turns on): not API. The one way the
+/// crate shows what is its own: the modules keep such items crate-private, and this
+/// module re-exports them.
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod internals {
@@ -102,17 +106,25 @@ pub mod internals {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use crate::guard::{ControllerCounts, Ended, InFlight, Registry};
+    use crate::guard::{Ended, InFlight, Registry};
     #[cfg(feature = "metrics")]
     use crate::health::Health;
     #[cfg(feature = "metrics")]
     use crate::metrics::Metrics;
 
+    pub use crate::guard::deadlines::NEAR_MISS_SHARE;
+    pub use crate::guard::map::{BuildIdHasher, IdHasher};
+    pub use crate::guard::registry::ControllerCounts;
     pub use crate::monitor::heartbeat::RuntimeHeartbeat;
     pub use crate::monitor::inspect::Diagnostics;
     pub use crate::monitor::observer::{Observer, Scan};
     pub use crate::monitor::start::Monitor;
-    pub use crate::monitor::verdict::{Config, DRIVER_RESCUE_AFTER, Verdict, driver};
+    pub use crate::monitor::verdict::{Config, DRIVER_RESCUE_AFTER, Verdict};
+
+    /// The runtime rescue's decision.
+    pub mod driver {
+        pub use crate::monitor::verdict::driver::*;
+    }
 
     /// The deadline advisor, whose report the binary's `deadlines` command reads.
     pub mod deadlines {

@@ -38,6 +38,22 @@ pub enum Error {
     #[cfg(feature = "metrics")]
     #[error("failed to start the metrics server")]
     Metrics(#[source] probes::Error),
+    /// The metrics server's address is taken: most often by the operator's own metrics
+    /// server, on the port both default to.
+    #[cfg(feature = "metrics")]
+    #[error(
+        "the metrics server's address {addr} is taken (by your own metrics server?): give the \
+         watchdog another with --metrics-bind-address (Builder::metrics_address), or turn its \
+         server off with --metrics-bind-address=0 and serve its series from your own /metrics \
+         (Metrics::encode, or Metrics::register with prometheus-client 0.26)"
+    )]
+    MetricsAddressTaken {
+        /// The address.
+        addr: SocketAddr,
+        /// The bind's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The debug server did not start.
     #[error("failed to start the debug server")]
     Debug(#[source] probes::Error),
@@ -305,7 +321,16 @@ impl Builder {
             (Some(metrics), Some(addr)) => {
                 let metrics = Arc::clone(metrics);
                 let routes = crate::metrics::routes(move || metrics.encode());
-                Some(HttpServer::spawn("metrics-server", addr, routes).map_err(Error::Metrics)?)
+                let server =
+                    HttpServer::spawn("metrics-server", addr, routes).map_err(|e| match e {
+                        probes::Error::Bind { addr, source }
+                            if source.kind() == std::io::ErrorKind::AddrInUse =>
+                        {
+                            Error::MetricsAddressTaken { addr, source }
+                        }
+                        other => Error::Metrics(other),
+                    })?;
+                Some(server)
             }
             _ => None,
         };

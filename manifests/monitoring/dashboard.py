@@ -86,8 +86,9 @@ def reconcile_panels():
                 "{{controller}} {{outcome}}")],
               unit="ops"),
         panel("timeseries", "Hangs, cancellations and escalations",
-              "Hung reconciles found (by state: awaiting, in-poll), cancellations asked "
-              "by --on-hang cancel, and cancellations that failed and escalated to liveness "
+              "Hung reconciles found (by state: awaiting, in-poll; starved are the victims "
+              "of a runtime stall, not hangs of their own), cancellations asked by "
+              "--on-hang cancel, and cancellations that failed and escalated to liveness "
               "(alerts ReconcileHangsRecurring, ReconcileCancelEscalated).",
               [(f"sum by (controller, state) (increase(reconcile_watchdog_hangs_total{{{NS_CONTROLLER}}}[$__rate_interval]))",
                 "hangs {{controller}} {{state}}"),
@@ -151,6 +152,42 @@ def watchdog_panels():
               fieldConfig={"defaults": {"unit": "s",
                                         "custom": {"thresholdsStyle": {"mode": "line"}},
                                         "thresholds": thresholds((None, "green"), (180, "red"))},
+                           "overrides": []}),
+    ]
+
+
+def runtime_panels():
+    return [
+        row("Runtime rescues, pauses and dropped reports"),
+        panel("timeseries", "Rescues and other wakes",
+              "Rescues: idle workers woken because a guarded reconcile held a runtime "
+              "worker inside one poll (alert ReconcileBlocksRuntimeWorker; the WARN names "
+              "it). Other wakes, by cause, kept timers going beside busy workers: nothing "
+              "to fix.",
+              [(f"sum by (pod) (increase(reconcile_watchdog_driver_rescues_total{{{NS}}}[$__rate_interval]))",
+                "rescues {{pod}}"),
+               (f"sum by (pod, cause) (increase(reconcile_watchdog_driver_wakes_total{{{NS}}}[$__rate_interval]))",
+                "wakes {{pod}} {{cause}}")],
+              fieldConfig={"defaults": {"unit": "short", "custom": {"drawStyle": "bars"}},
+                           "overrides": []}),
+        panel("timeseries", "Pauses and CPU throttling",
+              "Share of the time each pod's cgroup was CPU-throttled, and the share it was "
+              "paused (not scheduled past the stall threshold, no verdict for that time); "
+              "alert ReconcileWatchdogPausedOrThrottled.",
+              [(f"sum by (pod) (rate(reconcile_watchdog_cpu_throttled_seconds_total{{{NS}}}[$__rate_interval]))",
+                "throttled {{pod}}"),
+               (f"sum by (pod) (rate(reconcile_watchdog_paused_seconds_total{{{NS}}}[$__rate_interval]))",
+                "paused {{pod}}")],
+              unit="percentunit"),
+        panel("timeseries", "Unnamed hangs and dropped Events",
+              "Hung reconciles their first report did not name (a mass hang past the report "
+              "budget: /debug/reconciles lists them), and hang reports not published as "
+              "Events on their objects (queue full, or the API server slow).",
+              [(f"sum by (pod) (increase(reconcile_watchdog_hangs_unnamed_total{{{NS}}}[$__rate_interval]))",
+                "unnamed hangs {{pod}}"),
+               (f"sum by (pod) (increase(reconcile_watchdog_events_dropped_total{{{NS}}}[$__rate_interval]))",
+                "dropped Events {{pod}}")],
+              fieldConfig={"defaults": {"unit": "short", "custom": {"drawStyle": "bars"}},
                            "overrides": []}),
     ]
 
@@ -235,7 +272,8 @@ def dashboard():
              "current": {"text": "300", "value": "300"},
              "description": "The operator's --reconcile-deadline in seconds (run's default: 5m)"},
         ]},
-        "panels": layout(reconcile_panels() + watchdog_panels() + leader_panels()),
+        "panels": layout(reconcile_panels() + watchdog_panels() + runtime_panels()
+                         + leader_panels()),
     }
 
 

@@ -30,8 +30,10 @@ const PAGES: &[&str] = &[
     "docs/fire-drill.md",
     "docs/flags.md",
     "docs/install.md",
+    "docs/older-kube.md",
     "docs/operations.md",
     "docs/performance.md",
+    "docs/probes.md",
     "docs/stack-capture.md",
 ];
 

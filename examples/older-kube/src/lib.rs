@@ -1,9 +1,9 @@
 //! A kube 2 operator's wiring of the watchdog's core: no `kube` feature, so each
 //! reconcile goes through its controller's guard by hand. The code between the markers
-//! is docs/embedding.md's, "Without the kube feature" (`tests/hung_reconcile.rs` checks
-//! that they are the same).
+//! is what docs/older-kube.md shows (the repository's `tests/it/docs.rs` checks that
+//! they are the same).
 
-// docs/embedding.md: begin
+// docs: begin wiring
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -47,4 +47,4 @@ where
         Err(error) => Err(E::from(error)),
     }
 }
-// docs/embedding.md: end
+// docs: end wiring

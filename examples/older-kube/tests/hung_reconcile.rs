@@ -1,6 +1,5 @@
 //! The hand wiring of src/lib.rs, without a cluster: a reconcile that never ends fails
-//! the liveness probe, naming its object, once past its deadline; and src/lib.rs is the
-//! code docs/embedding.md shows.
+//! the liveness probe, naming its object, once past its deadline.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -93,28 +92,4 @@ fn a_hung_reconcile_fails_liveness_naming_its_object() {
     );
     assert!(!hung.is_finished());
     hung.abort();
-}
-
-/// The code between the markers of src/lib.rs is the Rust block that follows the same
-/// marker in docs/embedding.md: what the page shows is what this example builds.
-#[test]
-fn the_wiring_is_the_one_docs_embedding_shows() {
-    const BEGIN: &str = "// docs/embedding.md: begin\n";
-    const END: &str = "// docs/embedding.md: end\n";
-    let source = include_str!("../src/lib.rs");
-    let (_, rest) = source
-        .split_once(BEGIN)
-        .expect("the begin marker in src/lib.rs");
-    let (code, _) = rest.split_once(END).expect("the end marker in src/lib.rs");
-
-    let page = include_str!("../../../docs/embedding.md");
-    let (_, rest) = page
-        .split_once("<!-- examples/older-kube/src/lib.rs -->\n```rust,ignore\n")
-        .expect("the marked block in docs/embedding.md");
-    let (shown, _) = rest.split_once("```\n").expect("the block's end");
-    assert!(
-        shown == code,
-        "docs/embedding.md's block differs from examples/older-kube/src/lib.rs between \
-         its markers; make them the same:\n--- the page\n{shown}\n--- the example\n{code}"
-    );
 }

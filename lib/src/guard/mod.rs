@@ -12,15 +12,18 @@
 pub(crate) mod clock;
 mod controller;
 mod current;
-mod deadlines;
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod deadlines;
 mod entry;
 mod fanout;
 mod guarded;
 mod handle;
-mod map;
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod map;
 mod observer;
 mod reconcile_guard;
-mod registry;
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
+pub(crate) mod registry;
 mod spares;
 mod state;
 mod sync;
@@ -30,33 +33,20 @@ mod thread;
 mod waits;
 
 pub use deadlines::Deadlines;
-// The default near-miss share and a scan's counts: crate-private, public only for this
-// crate's own benchmarks.
-#[cfg(not(feature = "internals"))]
+// The default near-miss share, a scan's counts and the registry's hasher: the crate's
+// own; this repository's benchmarks reach them through `crate::internals`.
 pub(crate) use deadlines::NEAR_MISS_SHARE;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub use deadlines::NEAR_MISS_SHARE;
 #[cfg(feature = "_kube")]
 pub(crate) use entry::Entry;
 pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 pub use handle::ControllerHandle;
-#[cfg(not(feature = "internals"))]
-#[cfg_attr(not(test), allow(unused_imports))]
-pub(crate) use registry::ControllerCounts;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub use registry::ControllerCounts;
-// The registry's hasher: crate-private, public only for this crate's own benchmarks.
-#[cfg(not(feature = "internals"))]
 pub(crate) use map::BuildIdHasher;
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub use map::{BuildIdHasher, IdHasher};
 pub use observer::{ControllerObserver, Ended, LateEnd, Observer};
 pub use reconcile_guard::Guard;
+#[cfg_attr(not(test), allow(unused_imports))]
+pub(crate) use registry::ControllerCounts;
 pub use registry::Registry;
 pub use thread::ThreadInfo;
 #[cfg(test)]

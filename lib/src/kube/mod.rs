@@ -16,7 +16,7 @@
 //!
 //! The same source builds on kube 5, 4 or 3 (features `kube-5`, also named `kube`,
 //! `kube-4` and `kube-3`), with that major's k8s-openapi; an operator on an older kube
-//! wires the core by hand (`docs/embedding.md`, "Without the kube feature").
+//! wires the core by hand (`docs/older-kube.md`).
 //!
 //! [`guarded`] (in `reconciler`) is the primitive under it, for an operator that runs its own
 //! `Controller::run` pipeline. `docs/embedding.md` shows both ways, with a shutdown on

@@ -13,13 +13,9 @@
 //! lines spend a budget (`budget.rs`); what is over it is counted into one summary.
 
 mod budget;
-// The runtime rescue's decision: the monitor's alone, public only for this crate's own
-// benchmarks (feature `internals`).
-#[cfg(feature = "internals")]
-#[doc(hidden)]
-pub mod driver;
-#[cfg(not(feature = "internals"))]
-#[allow(unreachable_pub)]
+// The runtime rescue's decision: the monitor's alone; this repository's benchmarks
+// reach it through `crate::internals`.
+#[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub(crate) mod driver;
 
 use std::collections::{HashMap, HashSet, VecDeque};
