@@ -49,9 +49,8 @@ fn failures(cluster: &Cluster, object: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Runs `operator` until its hang of `object` failed liveness and was recorded, then
-/// stops it as the kubelet would (SIGTERM), and returns how long the record took after
-/// the probe was first seen failing.
+/// Runs `operator` until its hang of `object` failed liveness and was recorded (`count`
+/// failures in all), then stops it as the kubelet would (SIGTERM).
 fn hang_until_recorded(cluster: &Cluster, mut operator: Operator, object: &str, count: u64) {
     assert!(
         eventually(SETTLE, || operator.status("/healthz") == 500),
@@ -70,6 +69,11 @@ fn hang_until_recorded(cluster: &Cluster, mut operator: Operator, object: &str, 
     let recorded = operator
         .logged(|e| is(e, "INFO", "recorded the liveness failure") && e["object"] == object);
     assert_eq!(recorded.len(), 1, "one record per hang: {recorded:?}");
+    // From the scan that failed liveness to the write landing, as the process saw it.
+    eprintln!(
+        "the record took {} from the failing scan",
+        recorded[0]["took"]
+    );
     operator.signal("TERM");
     operator
         .wait_exit(Duration::from_secs(15))
@@ -190,4 +194,66 @@ fn emulator_with_the_default_the_first_restart_quarantines_nothing() {
         "quarantined after one restart under the default"
     );
     hang_until_recorded(&cluster, second, &hangs, 2);
+}
+
+fn leads(operator: &Operator) -> bool {
+    !operator
+        .logged(|e| is(e, "INFO", "acquired the lease"))
+        .is_empty()
+}
+
+#[test]
+fn emulator_a_new_leader_honours_the_record_the_old_one_wrote() {
+    let cluster = Cluster::start("quarantine_ha");
+    cluster.create("healthy", None);
+    let namespace = cluster.namespace.clone();
+    let flags = [
+        "--enable-fault-injection",
+        "--shutdown-grace=2s",
+        "--quarantine-after=1",
+        "--quarantine-namespace",
+        &namespace,
+        "--leader-elect",
+        "--leader-elect-lease-duration=4s",
+        "--leader-elect-renew-deadline=3s",
+        "--leader-elect-retry-period=1s",
+        "--leader-elect-resource-name=quarantine-lease",
+        "--leader-elect-resource-namespace",
+        &namespace,
+    ];
+    let a = Operator::start(&cluster, DEADLINE, &flags);
+    let b = Operator::start(&cluster, DEADLINE, &flags);
+    assert!(
+        eventually(SETTLE, || leads(&a) || leads(&b)),
+        "nobody acquired the lease"
+    );
+    let (leader, follower) = if leads(&a) { (a, b) } else { (b, a) };
+    assert!(eventually(SETTLE, || cluster.reconciled("healthy")));
+    // The follower has read the ledger (empty) before the leader records into it.
+    cluster.create("q-poison", Some("block"));
+    let poison = format!("{namespace}/q-poison");
+    hang_until_recorded(&cluster, leader, &poison, 1);
+
+    assert!(
+        eventually(SETTLE, || leads(&follower)),
+        "the follower never took the lease over"
+    );
+    assert!(
+        follower.eventually_logged(
+            |e| is(e, "WARN", "reconcile quarantined") && e["object"] == poison.as_str()
+        ),
+        "the new leader did not honour the record"
+    );
+    cluster.create("after-takeover", None);
+    assert!(
+        eventually(SETTLE, || cluster.reconciled("after-takeover")),
+        "the new leader does not reconcile"
+    );
+    assert!(
+        follower
+            .logged(|e| is(e, "ERROR", "reconcile hung:") && e["object"] == poison.as_str())
+            .is_empty(),
+        "the new leader reconciled the quarantined object"
+    );
+    assert_eq!(follower.status("/healthz"), 200);
 }

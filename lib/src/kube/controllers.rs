@@ -246,8 +246,13 @@ impl Controllers {
             names,
             runs,
             synced,
+            quarantine,
             ..
         } = self;
+        // A new leader's controllers honour what the old one recorded.
+        if let Some(keeper) = &quarantine {
+            keeper.reload();
+        }
         let sync = async move {
             let all = future::join_all(synced).await;
             if !all.is_empty() && all.into_iter().all(|ready| ready) {

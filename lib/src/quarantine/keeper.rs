@@ -52,6 +52,8 @@ enum Job {
         object: String,
         latest: Option<SystemTime>,
     },
+    /// Read the ledger again now.
+    Reload,
     /// Wake up to see `stop`.
     Wake,
 }
@@ -213,6 +215,21 @@ impl Keeper {
             && !self.shared.gave_up.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(target: TARGET, "the quarantine ledger was not read within {}; reconciling without it until it is", fmt_duration(LOAD_WAIT));
+        }
+    }
+
+    /// Reads the ledger again before the next reconcile is admitted: a new leader calls
+    /// it as it starts its controllers, for what the old one wrote (`Controllers::run`
+    /// does). Before the first read, it does nothing: that read is coming.
+    pub fn reload(&self) {
+        if !self.shared.loaded.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.loaded_tx.send_replace(false);
+        if self.jobs.try_send(Job::Reload).is_err() {
+            // Nothing will read it: do not make reconciles wait for it.
+            self.shared.loaded.store(true, Ordering::Release);
+            self.shared.loaded_tx.send_replace(true);
         }
     }
 
@@ -487,7 +504,14 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
         // One write for every job waiting: a liveness failure of several objects at
         // once is one write.
         let mut batch: Vec<Job> = std::iter::once(first).chain(jobs.try_iter()).collect();
-        batch.retain(|job| !matches!(job, Job::Wake));
+        if batch.iter().any(|job| matches!(job, Job::Reload)) {
+            if let Some(ledger) = read(shared, &mut store) {
+                *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+            }
+            shared.loaded.store(true, Ordering::Release);
+            shared.loaded_tx.send_replace(true);
+        }
+        batch.retain(|job| !matches!(job, Job::Wake | Job::Reload));
         if !batch.is_empty() {
             write(shared, &mut store, batch);
         }
@@ -560,7 +584,7 @@ fn write(shared: &Shared, store: &mut impl Store, mut batch: Vec<Job>) {
                 } => {
                     ledger.forget(controller, object, *latest);
                 }
-                Job::Wake => {}
+                Job::Reload | Job::Wake => {}
             }
         }
         quarantine.prune(ledger, now);

@@ -540,3 +540,39 @@ fn ledger_sizes() {
     // The bound the ledger keeps stays well inside what is read, and a ConfigMap's 1 MiB.
     assert!(full < MAX_LEDGER_BYTES / 2, "{full}");
 }
+
+#[test]
+fn a_reload_reads_what_another_replica_wrote() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let memory = MemoryStore::default();
+    let stored = Arc::clone(&memory.stored);
+    let keeper = Keeper::new(Quarantine::new(1, HOUR));
+    keeper.start(memory).unwrap();
+    let start = Instant::now();
+    while !keeper.shared_loaded() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never read");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(keeper.ledger().entries.is_empty());
+    // The old leader writes after this replica's first read.
+    let mut theirs = Ledger::new();
+    let now = SystemTime::now();
+    Quarantine::new(1, HOUR).record(&mut theirs, failure("ns/a", "u1", 1, now), now);
+    MemoryStore {
+        stored: Arc::clone(&stored),
+    }
+    .write(&theirs.encode(), None)
+    .unwrap();
+    keeper.reload();
+    let start = Instant::now();
+    while keeper.ledger().entries.is_empty() || !keeper.shared_loaded() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never read again"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(keeper.ledger().entries[0].object, "ns/a");
+}
