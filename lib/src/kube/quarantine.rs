@@ -1,7 +1,7 @@
 //! The quarantine in Kubernetes: its ledger in a ConfigMap of the operator's namespace,
 //! and the gate that skips the reconcile of a quarantined object.
 //!
-//! [`ConfigMapStore`] keeps the [`Ledger`](crate::quarantine::Ledger) as one JSON value
+//! [`ConfigMapStore`] keeps the quarantine's ledger as one JSON value
 //! of a ConfigMap (`reconcile-watchdog-quarantine` by default), written with optimistic
 //! concurrency (a merge patch that names the `resourceVersion` it read), from the
 //! quarantine's own thread, runtime and client, each call within a timeout. It needs
@@ -43,10 +43,7 @@ use crate::guard::ObjectKey;
 use crate::quarantine::{Admission, Keeper, LIFT_ANNOTATION, Store, StoreError, Stored, Subject};
 
 /// The ConfigMap's key that holds the ledger.
-pub const KEY: &str = "ledger.json";
-
-/// The ConfigMap's name unless told otherwise.
-pub const DEFAULT_CONFIGMAP: &str = "reconcile-watchdog-quarantine";
+const KEY: &str = "ledger.json";
 
 /// The longest one read or write may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);

@@ -18,7 +18,7 @@ use crate::monitor::verdict::fmt_duration;
 use crate::monitor::{Observer, Scan};
 
 /// The log target of the quarantine's lines.
-pub const TARGET: &str = "reconcile_watchdog::quarantine";
+pub(crate) const TARGET: &str = "reconcile_watchdog::quarantine";
 
 /// Failures waiting for the thread at most; more are dropped, and counted.
 const QUEUE: usize = 256;
@@ -60,18 +60,18 @@ enum Job {
 
 /// An Event to publish on the object, and what its note says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Announcement {
+pub(crate) struct Announcement {
     /// `ReconcileQuarantined` or `ReconcileQuarantineLifted`.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     /// Whether it is a warning (a quarantine) or normal (a lift).
-    pub warning: bool,
+    pub(crate) warning: bool,
     /// What happened, why, since when, until when, and how to lift it.
-    pub note: String,
+    pub(crate) note: String,
 }
 
 /// Whether a reconcile may run, as [`Keeper::admit`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Run it; `lifted` is set when its quarantine just ended.
     Reconcile {
         /// The lift, the first time it is seen.
@@ -188,7 +188,8 @@ impl Keeper {
 
     /// Says how to find the uid and generation of `controller`'s objects (the kube
     /// integration asks its cache), recorded beside their failures.
-    pub fn identify(
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))]
+    pub(crate) fn identify(
         &self,
         controller: &str,
         lookup: impl Fn(&ObjectKey) -> Option<(Option<String>, Option<i64>)> + Send + Sync + 'static,
@@ -203,7 +204,8 @@ impl Keeper {
     /// Waits until the ledger has been read once (or could not be), at most 10
     /// seconds, and only the first time: a reconcile must not run before the ledger
     /// that may quarantine it is known.
-    pub async fn loaded(&self) {
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))]
+    pub(crate) async fn loaded(&self) {
         if self.shared.loaded.load(Ordering::Acquire) || self.shared.gave_up.load(Ordering::Relaxed)
         {
             return;
@@ -221,7 +223,8 @@ impl Keeper {
     /// Reads the ledger again before the next reconcile is admitted: a new leader calls
     /// it as it starts its controllers, for what the old one wrote (`Controllers::run`
     /// does). Before the first read, it does nothing: that read is coming.
-    pub fn reload(&self) {
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))]
+    pub(crate) fn reload(&self) {
         if !self.shared.loaded.swap(false, Ordering::AcqRel) {
             return;
         }
@@ -236,7 +239,8 @@ impl Keeper {
     /// Whether `subject` (an object of kind `kind`) may be reconciled at `now`. The
     /// first time this process finds it quarantined, it logs one WARN and counts it;
     /// when its quarantine ends, one INFO, and its entry is forgotten.
-    pub fn admit(&self, subject: &Subject<'_>, kind: &str, now: SystemTime) -> Admission {
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))]
+    pub(crate) fn admit(&self, subject: &Subject<'_>, kind: &str, now: SystemTime) -> Admission {
         let quarantine = self.shared.quarantine;
         let standing = {
             let ledger = self.shared.ledger.read().unwrap_or_else(|p| p.into_inner());
@@ -293,7 +297,8 @@ impl Keeper {
 
     /// The objects this process found quarantined, per controller.
     #[must_use]
-    pub fn quarantined(&self) -> Vec<(String, String)> {
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn quarantined(&self) -> Vec<(String, String)> {
         let announced = self
             .shared
             .announced
@@ -306,7 +311,8 @@ impl Keeper {
 
     /// The ledger as last read or written.
     #[must_use]
-    pub fn ledger(&self) -> Ledger {
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn ledger(&self) -> Ledger {
         self.shared
             .ledger
             .read()
@@ -316,7 +322,8 @@ impl Keeper {
 
     /// Writes of the ledger so far (each a read-modify-write that landed).
     #[must_use]
-    pub fn writes(&self) -> u64 {
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn writes(&self) -> u64 {
         self.shared.writes.load(Ordering::Relaxed)
     }
 

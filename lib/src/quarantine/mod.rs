@@ -5,7 +5,7 @@
 //! watchdog fails liveness and the kubelet restarts the process. When one object hangs
 //! its reconcile every time, the restarted process reconciles it again first thing and
 //! is restarted again. So the process records, at the moment liveness fails, the
-//! objects whose hangs made it fail, in a [`Ledger`] kept in a [`Store`] that survives
+//! objects whose hangs made it fail, in a ledger kept in a [`Store`] that survives
 //! the restart (the kube integration's is a ConfigMap). [`Quarantine`] is the whole
 //! decision, a pure function of the ledger, the object and the time: an object that
 //! failed liveness `after` times within `period` is quarantined for `period` from its
@@ -25,14 +25,15 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-pub use keeper::{Admission, Announcement, Keeper, LIFT_ANNOTATION, TARGET};
+pub(crate) use keeper::{Admission, Announcement};
+pub use keeper::{Keeper, LIFT_ANNOTATION};
 pub use store::{MemoryStore, Store, StoreError, Stored};
 
 /// The format of the ledger this version writes and reads.
-pub const LEDGER_VERSION: u32 = 1;
+pub(crate) const LEDGER_VERSION: u32 = 1;
 
 /// The largest ledger read, in bytes: a bigger one is ignored (a ConfigMap holds 1 MiB).
-pub const MAX_LEDGER_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_LEDGER_BYTES: usize = 256 * 1024;
 
 /// The most failure times one entry keeps (its `count` goes on counting).
 const MAX_TIMES: usize = 16;
@@ -43,7 +44,7 @@ const MAX_HOW: usize = 256;
 /// Errors of the quarantine.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The ledger is larger than [`MAX_LEDGER_BYTES`].
+    /// The ledger is larger than what is read (256 KiB).
     #[error("the quarantine ledger is {size} bytes, more than the {max} read", max = MAX_LEDGER_BYTES)]
     TooBig {
         /// Its size.
@@ -62,63 +63,63 @@ pub enum Error {
 
 /// How a reconcile hung when it failed liveness, as the record keeps it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hang {
+pub(crate) struct Hang {
     /// `in-poll`, `awaiting` or `starved`, as the hang report's `state`.
-    pub state: String,
+    pub(crate) state: String,
     /// Where it waited, when the report knew (the request in flight, a labelled await).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting: Option<String>,
+    pub(crate) waiting: Option<String>,
     /// How liveness came to fail: `restart`, or `escalated` under `--on-hang cancel`.
-    pub action: String,
+    pub(crate) action: String,
 }
 
 /// One liveness failure an object's hung reconcile caused.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The controller whose reconcile hung.
-    pub controller: String,
+    pub(crate) controller: String,
     /// The kind of the object.
-    pub kind: String,
+    pub(crate) kind: String,
     /// The object, `namespace/name` or `name`.
-    pub object: String,
+    pub(crate) object: String,
     /// Its uid when known.
-    pub uid: Option<String>,
+    pub(crate) uid: Option<String>,
     /// Its generation when known.
-    pub generation: Option<i64>,
+    pub(crate) generation: Option<i64>,
     /// How it hung.
-    pub hang: Hang,
+    pub(crate) hang: Hang,
     /// When liveness failed.
-    pub at: SystemTime,
+    pub(crate) at: SystemTime,
 }
 
 /// What the ledger remembers of one object.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// The controller whose reconciles hung.
-    pub controller: String,
+    pub(crate) controller: String,
     /// The kind of the object.
-    pub kind: String,
+    pub(crate) kind: String,
     /// The object, `namespace/name` or `name`.
-    pub object: String,
+    pub(crate) object: String,
     /// Its uid at the failures, when known: a re-created object is another one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
+    pub(crate) uid: Option<String>,
     /// Its generation at the failures, when known: a new spec starts over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation: Option<i64>,
+    pub(crate) generation: Option<i64>,
     /// How its latest hang was.
-    pub hang: Hang,
+    pub(crate) hang: Hang,
     /// How many liveness failures it caused (of this uid and generation).
-    pub count: u32,
+    pub(crate) count: u32,
     /// When, the latest [`MAX_TIMES`] of them, oldest first (RFC 3339).
     #[serde(with = "times")]
-    pub failures: Vec<SystemTime>,
+    pub(crate) failures: Vec<SystemTime>,
 }
 
 impl Entry {
     /// The latest failure.
     #[must_use]
-    pub fn latest(&self) -> Option<SystemTime> {
+    pub(crate) fn latest(&self) -> Option<SystemTime> {
         self.failures.last().copied()
     }
 
@@ -130,24 +131,24 @@ impl Entry {
 /// The record of liveness failures that survives a restart: bounded, the entries whose
 /// latest failure is oldest dropped first, and counted.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ledger {
+pub(crate) struct Ledger {
     /// The format version ([`LEDGER_VERSION`]).
-    pub version: u32,
+    pub(crate) version: u32,
     /// Entries dropped to keep within the bound, in all.
     #[serde(default)]
-    pub dropped: u64,
+    pub(crate) dropped: u64,
     /// Liveness failures recorded, in all: a counter that survives restarts.
     #[serde(default)]
-    pub recorded: u64,
+    pub(crate) recorded: u64,
     /// One per object.
     #[serde(default)]
-    pub entries: Vec<Entry>,
+    pub(crate) entries: Vec<Entry>,
 }
 
 impl Ledger {
     /// An empty ledger.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             version: LEDGER_VERSION,
             ..Self::default()
@@ -155,7 +156,7 @@ impl Ledger {
     }
 
     /// Reads a ledger: refused when too big, malformed or of another version.
-    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, Error> {
         if bytes.len() > MAX_LEDGER_BYTES {
             return Err(Error::TooBig { size: bytes.len() });
         }
@@ -168,20 +169,25 @@ impl Ledger {
 
     /// The ledger as the store keeps it: one line of JSON.
     #[must_use]
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         // Serializing plain data into a Vec cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
     }
 
     /// The entry of `object` of `controller`, if any.
     #[must_use]
-    pub fn entry(&self, controller: &str, object: &str) -> Option<&Entry> {
+    pub(crate) fn entry(&self, controller: &str, object: &str) -> Option<&Entry> {
         self.entries.iter().find(|e| e.is(controller, object))
     }
 
     /// Forgets the entry of `object` of `controller` if its latest failure is
     /// `latest` (a failure recorded since is kept). Whether it did.
-    pub fn forget(&mut self, controller: &str, object: &str, latest: Option<SystemTime>) -> bool {
+    pub(crate) fn forget(
+        &mut self,
+        controller: &str,
+        object: &str,
+        latest: Option<SystemTime>,
+    ) -> bool {
         let before = self.entries.len();
         self.entries
             .retain(|e| !(e.is(controller, object) && e.latest() == latest));
@@ -191,7 +197,7 @@ impl Ledger {
 
 /// Why a quarantine ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Lift {
+pub(crate) enum Lift {
     /// Its spec changed: a new generation.
     SpecChanged,
     /// It was re-created: a new uid.
@@ -207,7 +213,7 @@ pub enum Lift {
 impl Lift {
     /// Why, in words.
     #[must_use]
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::SpecChanged => "its spec changed (a new generation)",
             Self::Recreated => "it was re-created (a new uid)",
@@ -226,22 +232,22 @@ impl fmt::Display for Lift {
 
 /// An object about to be reconciled, as the decision sees it.
 #[derive(Clone, Copy, Debug)]
-pub struct Subject<'a> {
+pub(crate) struct Subject<'a> {
     /// The controller that reconciles it.
-    pub controller: &'a str,
+    pub(crate) controller: &'a str,
     /// `namespace/name`, or `name`.
-    pub object: &'a str,
+    pub(crate) object: &'a str,
     /// Its uid, when known.
-    pub uid: Option<&'a str>,
+    pub(crate) uid: Option<&'a str>,
     /// Its generation, when known.
-    pub generation: Option<i64>,
+    pub(crate) generation: Option<i64>,
     /// Whether it carries the lift annotation.
-    pub lift_asked: bool,
+    pub(crate) lift_asked: bool,
 }
 
 /// Where an object stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// Reconcile it.
     Free,
     /// Do not reconcile it until `until`.
@@ -320,7 +326,7 @@ impl Quarantine {
     /// Records `failure` into `ledger` at `now`: a new spec or a new object starts its
     /// entry over; entries whose latest failure is older than the period are pruned;
     /// beyond the bound, the entries whose latest failure is oldest are dropped.
-    pub fn record(&self, ledger: &mut Ledger, failure: Failure, now: SystemTime) {
+    pub(crate) fn record(&self, ledger: &mut Ledger, failure: Failure, now: SystemTime) {
         ledger.version = LEDGER_VERSION;
         ledger.recorded += 1;
         // As the ledger stores it: what is in memory is what a restart reads.
@@ -370,7 +376,7 @@ impl Quarantine {
     /// Drops what is no longer of use at `now` (failures more than a period before
     /// their entry's latest, entries whose latest is more than a period old), then the
     /// entries beyond the bound whose latest failure is oldest, counted.
-    pub fn prune(&self, ledger: &mut Ledger, now: SystemTime) {
+    pub(crate) fn prune(&self, ledger: &mut Ledger, now: SystemTime) {
         let period = self.period;
         // Failures more than a period before an entry's latest can no longer count with
         // it; an entry whose latest is more than a period old quarantines nothing more.
@@ -396,7 +402,13 @@ impl Quarantine {
 
     /// Where `subject` stands at `now` by `ledger`.
     #[must_use]
-    pub fn judge(&self, ledger: &Ledger, subject: &Subject<'_>, now: SystemTime) -> Standing {
+    #[cfg_attr(not(feature = "_kube"), allow(dead_code))]
+    pub(crate) fn judge(
+        &self,
+        ledger: &Ledger,
+        subject: &Subject<'_>,
+        now: SystemTime,
+    ) -> Standing {
         if !self.is_on() {
             return Standing::Free;
         }
