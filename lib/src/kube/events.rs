@@ -8,6 +8,9 @@
 //! a `Warning` `ReconcileHung` when it crosses its deadline, whose reminders count up
 //! the same Event's series instead of making new ones; a `Normal` `ReconcileHangEnded`
 //! when it ends; a `Warning` `ReconcileCancelled` when `--on-hang cancel` stopped it.
+//! With a [quarantine](crate::quarantine), [`Controllers`](super::Controllers) publish
+//! through it a `Warning` `ReconcileQuarantined` on an object whose reconcile they skip,
+//! and a `Normal` `ReconcileQuarantineLifted` when they reconcile it again.
 //!
 //! Events never hurt the reconciles they describe. The monitor thread only hands each
 //! report to a bounded queue; a thread of their own, with a current-thread runtime and

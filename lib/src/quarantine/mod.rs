@@ -25,6 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "_kube"))]
 pub(crate) use keeper::{Admission, Announcement};
 pub use keeper::{Keeper, LIFT_ANNOTATION};
 pub use store::{MemoryStore, Store, StoreError, Stored};
