@@ -10,8 +10,6 @@ mod harness;
 mod mass;
 mod quarantine;
 mod requests;
-#[path = "../support/mod.rs"]
-mod support;
 mod watches;
 
 use std::time::{Duration, Instant};

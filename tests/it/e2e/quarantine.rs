@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, Operator, SETTLE, eventually, is};
+use super::harness::{Cluster, Operator, SETTLE, eventually, is};
 
 const DEADLINE: Duration = Duration::from_secs(2);
 const CONFIGMAP: &str = "reconcile-watchdog-quarantine";
