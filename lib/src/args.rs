@@ -50,6 +50,7 @@ use clap::{ArgMatches, FromArgMatches, ValueEnum};
 
 use crate::guard::Deadlines;
 use crate::monitor::HangPolicy;
+use crate::quarantine::{Keeper, Quarantine};
 use crate::watchdog::{Builder, MIN_HEARTBEAT_PERIOD, Watchdog, heartbeat_period};
 
 /// The watchdog's flags; see the [module](self). Each flag is also read from the
@@ -135,6 +136,39 @@ struct Flags {
     /// A reconcile that ends on time after more than this share of its deadline is a near miss: one WARN (at most one a minute per controller) and a count; off disables
     #[arg(long, env = "RECONCILE_WATCHDOG_NEAR_MISS_THRESHOLD", value_name = "PERCENT", default_value = "80%", value_parser = near_miss_threshold)]
     near_miss_threshold: OrOff<f64>,
+
+    // The quarantine of objects whose hangs keep failing liveness (one block).
+    /// An object whose hung reconciles failed liveness this many times within --quarantine-for is not reconciled for --quarantine-for from the latest; 0 disables
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_QUARANTINE_AFTER",
+        value_name = "N",
+        default_value_t = 2
+    )]
+    quarantine_after: u32,
+
+    /// The window --quarantine-after counts in, and how long a quarantine lasts
+    #[arg(long, env = "RECONCILE_WATCHDOG_QUARANTINE_FOR", value_name = "DURATION", default_value = "1h", value_parser = positive_duration)]
+    quarantine_for: Duration,
+
+    /// The ConfigMap that records those liveness failures across restarts, in --quarantine-namespace
+    #[cfg(feature = "_kube")]
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_QUARANTINE_CONFIGMAP",
+        value_name = "NAME",
+        default_value = "reconcile-watchdog-quarantine"
+    )]
+    quarantine_configmap: String,
+
+    /// The namespace of --quarantine-configmap; unset, POD_NAMESPACE, else the service account's (outside a cluster without either, they are remembered within the process only)
+    #[cfg(feature = "_kube")]
+    #[arg(
+        long,
+        env = "RECONCILE_WATCHDOG_QUARANTINE_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    quarantine_namespace: Option<String>,
 }
 
 /// The value of a flag that `off` (or `0`, for an address) turns off. Not an `Option`:
@@ -184,7 +218,34 @@ impl WatchdogArgs {
             .near_miss_threshold(flags.near_miss_threshold.on());
         #[cfg(feature = "metrics")]
         let builder = builder.metrics_address(flags.metrics_bind_address.on());
-        builder
+        match self.quarantine() {
+            Some(quarantine) => builder.quarantine(Keeper::new(quarantine)),
+            None => builder,
+        }
+    }
+
+    /// `--quarantine-after` and `--quarantine-for` (`None`: off). The
+    /// [`builder`](Self::builder) plugs in a [`Keeper`] of it; start that with its
+    /// store (`watchdog.quarantine()`).
+    #[must_use]
+    pub fn quarantine(&self) -> Option<Quarantine> {
+        let quarantine = Quarantine::new(self.0.quarantine_after, self.0.quarantine_for);
+        quarantine.is_on().then_some(quarantine)
+    }
+
+    /// Where the quarantine's ledger is kept: `(namespace, name)` of
+    /// `--quarantine-namespace` (or the operator's own namespace) and
+    /// `--quarantine-configmap`; `None` when no namespace is known.
+    #[cfg(feature = "_kube")]
+    #[must_use]
+    pub fn quarantine_configmap(&self) -> Option<(String, String)> {
+        let namespace = self
+            .0
+            .quarantine_namespace
+            .clone()
+            .filter(|ns| !ns.trim().is_empty())
+            .or_else(crate::kube::quarantine::own_namespace)?;
+        Some((namespace, self.0.quarantine_configmap.clone()))
     }
 
     /// `--api-server-check-interval`: how often the kube integration's

@@ -72,6 +72,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod plug;
 pub mod probes;
+pub mod quarantine;
 pub mod shutdown;
 pub mod stack;
 pub mod watchdog;

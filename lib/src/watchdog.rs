@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
 use crate::plug::{ApiServerReachability, HangReports, ReportsObserver, WatchAges};
 use crate::probes::{self, DebugViews, HttpServer, Probes};
+use crate::quarantine::Keeper;
 
 /// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
 pub const MIN_HEARTBEAT_PERIOD: Duration = Duration::from_millis(1);
@@ -77,6 +78,7 @@ pub struct Builder {
     debug_address: Option<SocketAddr>,
     reasons_to_all_peers: bool,
     near_miss_share: Option<f64>,
+    quarantine: Option<Arc<Keeper>>,
 }
 
 impl Builder {
@@ -235,6 +237,16 @@ impl Builder {
         self
     }
 
+    /// Records the objects whose hung reconciles fail liveness into `keeper`, which
+    /// quarantines those that keep doing it ([`crate::quarantine`]); the kube
+    /// integration's `Controllers` made from this watchdog then ask it before each
+    /// reconcile. Without one (the default), nothing is recorded or quarantined.
+    #[must_use]
+    pub fn quarantine(mut self, keeper: Arc<Keeper>) -> Self {
+        self.quarantine = Some(keeper);
+        self
+    }
+
     /// A reconcile that ends on time after more than `share` (between 0 and 1) of its
     /// deadline is a near miss: logged (rate-limited) and counted (default 0.8; `None`
     /// turns near misses off).
@@ -286,6 +298,13 @@ impl Builder {
         }
         if let Some(reports) = &self.hang_reports {
             scan_observers.push(Arc::new(ReportsObserver(Arc::clone(reports))));
+        }
+        if let Some(keeper) = &self.quarantine {
+            #[cfg(feature = "metrics")]
+            if let Some(metrics) = &metrics {
+                keeper.attach_metrics(Arc::clone(metrics));
+            }
+            scan_observers.push(keeper.clone());
         }
         let scan_observer: Option<Arc<dyn monitor::Observer>> = match scan_observers.len() {
             0 => None,
@@ -353,6 +372,7 @@ impl Builder {
             _api_server: self.api_server,
             _watches: self.watches,
             _hang_reports: self.hang_reports,
+            quarantine: self.quarantine,
             registry,
             health,
             _monitor: monitor,
@@ -374,6 +394,7 @@ pub struct Watchdog {
     _api_server: Option<Arc<dyn ApiServerReachability>>,
     _watches: Option<Arc<dyn WatchAges>>,
     _hang_reports: Option<Arc<dyn HangReports>>,
+    quarantine: Option<Arc<Keeper>>,
     registry: Registry,
     health: Arc<Health>,
     /// Held for its drop, which stops the monitor thread.
@@ -410,6 +431,7 @@ impl Watchdog {
             debug_address: None,
             reasons_to_all_peers: false,
             near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
+            quarantine: None,
         }
     }
 
@@ -423,6 +445,12 @@ impl Watchdog {
     #[must_use]
     pub fn health(&self) -> &Arc<Health> {
         &self.health
+    }
+
+    /// The quarantine it records liveness failures into, if it was given one.
+    #[must_use]
+    pub fn quarantine(&self) -> Option<&Arc<Keeper>> {
+        self.quarantine.as_ref()
     }
 
     /// Where the probe server listens, if one was started.

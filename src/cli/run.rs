@@ -13,8 +13,10 @@ use super::logging;
 use crate::operator::{self, Context};
 use reconcile_watchdog::kube::events::HangEvents;
 use reconcile_watchdog::kube::leader::{self, LeaderElection};
+use reconcile_watchdog::kube::quarantine::ConfigMapStore;
 use reconcile_watchdog::kube::watches::Watches;
 use reconcile_watchdog::kube::{ApiServerCheck, Controllers, requests};
+use reconcile_watchdog::quarantine::MemoryStore;
 use reconcile_watchdog::shutdown::{Ending, Supervisor};
 
 /// `run`'s flags.
@@ -263,6 +265,8 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         Some(config) => Mode::Elected(LeaderElection::new(&watchdog, config)?),
     };
     let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
+    let quarantine = watchdog.quarantine().cloned();
+    let quarantine_configmap = args.watchdog.quarantine_configmap();
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
     let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
@@ -278,6 +282,21 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
             // Events from a thread, runtime and client of their own.
             if let Some(Err(error)) = hang_events.as_ref().map(|e| e.start(config.clone())) {
                 tracing::error!(error = %error_chain(&error), "the hang Events did not start");
+            }
+            // The quarantine's ledger too, in its ConfigMap.
+            if let Some(keeper) = &quarantine {
+                let started = match quarantine_configmap {
+                    Some((namespace, name)) => {
+                        keeper.start(ConfigMapStore::new(config.clone(), &namespace, &name))
+                    }
+                    None => {
+                        tracing::warn!("no namespace for the quarantine's ConfigMap (no --quarantine-namespace, POD_NAMESPACE or service account): liveness failures are remembered within this process only");
+                        keeper.start(MemoryStore::default())
+                    }
+                };
+                if let Err(error) = started {
+                    tracing::error!(error = %error_chain(&error), "the quarantine did not start");
+                }
             }
             // No read timeout (kube's default): the reference operator lets a request that
             // never returns hang, to show the watchdog catching it. An operator of your own
@@ -308,6 +327,10 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                         operator::expect_watches(&watches);
                         let controllers = Controllers::with_parts(registry, &health, until)
                             .only_while(leadership);
+                        let controllers = match quarantine.clone() {
+                            Some(keeper) => controllers.quarantine(keeper),
+                            None => controllers,
+                        };
                         let controllers = with_hang_events(controllers, hang_events.clone());
                         operator::add_to(controllers, ctx, namespace.as_deref()).run()
                     };

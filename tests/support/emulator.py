@@ -32,10 +32,11 @@ Events (events.k8s.io/v1) are stored like any object; every write to them
 
     GET /_emulator/event-writes            how many, as a decimal number
 
-Leases (coordination.k8s.io/v1) have optimistic concurrency, as leader election needs:
-a create of an existing Lease is 409 AlreadyExists, and a patch whose body carries a
-metadata.resourceVersion other than the stored one is 409 Conflict (checked and
-written under one lock, so of two racing writers exactly one wins).
+Leases (coordination.k8s.io/v1) and ConfigMaps have optimistic concurrency, as leader
+election and the quarantine's ledger need: a create of an existing one is 409
+AlreadyExists, and a patch whose body carries a metadata.resourceVersion other than the
+stored one is 409 Conflict (checked and written under one lock, so of two racing writers
+exactly one wins), as on a real server.
 
 Usage: python emulator.py [--port PORT] [--bookmark-every SECONDS]; it prints one line, "listening on URL", when
 it accepts connections, and runs until killed.
@@ -107,7 +108,7 @@ class Emulator(kmock.KubernetesEmulator):
     _held_prefixes: dict[str, asyncio.Event] = attrs.field(factory=dict, init=False)
     # Closed while the whole server is out: every request waits at it.
     _outage: Gate = attrs.field(factory=Gate, init=False)
-    # Leases: one writer at a time from the resourceVersion check to the store.
+    # Leases and ConfigMaps: one writer at a time from the resourceVersion check to the store.
     _lease_lock: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     # Seconds between two bookmarks on an open watch.
     bookmark_every: float = 1.0
@@ -165,7 +166,7 @@ class Emulator(kmock.KubernetesEmulator):
         for name, released in list(self._holes.items()):
             if name in path.split('/'):
                 await released.wait()
-        if _is_lease_write(request):
+        if _is_versioned_write(request) and not self._creates_by_apply(request):
             async with self._lease_lock:
                 conflict = self._stale_lease_version(request)
                 if conflict is not None:
@@ -262,10 +263,10 @@ class Emulator(kmock.KubernetesEmulator):
                 meta['generation'] = generation + 1
             meta['resourceVersion'] = self._next_revision()
 
-    # Leases ---------------------------------------------------------------------------
+    # Leases and ConfigMaps ------------------------------------------------------------
 
     def _stale_lease_version(self, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
-        """409 Conflict for a patch that names a resourceVersion the Lease no longer has."""
+        """409 Conflict for a patch that names a resourceVersion the object no longer has."""
         if request.action != kmock.action.UPDATE or not isinstance(request.data, dict):
             return None
         meta = request.data.get('metadata')
@@ -278,13 +279,16 @@ class Emulator(kmock.KubernetesEmulator):
         stored = self.objects[key].get('metadata', {}).get('resourceVersion')
         if str(wanted) == str(stored):
             return None
-        message = (f'Operation cannot be fulfilled on leases.coordination.k8s.io "{request.name}": '
+        group = getattr(request.resource, 'group', None) or ''
+        plural = getattr(request.resource, 'plural', None) or ''
+        qualified = f'{plural}.{group}' if group else plural
+        message = (f'Operation cannot be fulfilled on {qualified} "{request.name}": '
                    'the object has been modified; please apply your changes to the latest version '
                    'and try again')
         return aiohttp.web.json_response({
             'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
             'message': message, 'reason': 'Conflict', 'code': 409,
-            'details': {'name': request.name, 'group': 'coordination.k8s.io', 'kind': 'leases'},
+            'details': {'name': request.name, 'group': group, 'kind': plural},
         }, status=409)
 
     # Watches ----------------------------------------------------------------------------
@@ -360,11 +364,15 @@ class Emulator(kmock.KubernetesEmulator):
         return await super()._render_error(exc)
 
 
-def _is_lease_write(request: kmock.Request) -> bool:
+VERSIONED = {('coordination.k8s.io', 'leases'), ('', 'configmaps')}
+
+
+def _is_versioned_write(request: kmock.Request) -> bool:
     resource = request.resource
-    return (resource is not None and getattr(resource, 'group', None) == 'coordination.k8s.io'
-            and getattr(resource, 'plural', None) == 'leases'
-            and request.action in (kmock.action.CREATE, kmock.action.UPDATE))
+    if resource is None or request.action not in (kmock.action.CREATE, kmock.action.UPDATE):
+        return False
+    group = getattr(resource, 'group', None) or ''
+    return (group, getattr(resource, 'plural', None)) in VERSIONED
 
 
 async def serve(port: int, bookmark_every: float) -> None:

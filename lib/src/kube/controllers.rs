@@ -11,15 +11,18 @@ use futures::{FutureExt, StreamExt};
 use kube_rs::Resource;
 use kube_rs::runtime::Controller;
 use kube_rs::runtime::controller::Action;
+use kube_rs::runtime::reflector::ObjectRef;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::events::HangEvents;
 use super::leader::Leadership;
 use super::log;
+use super::quarantine::{Candidate, Gate};
 use super::reconciler::guarded;
-use crate::guard::{self, Registry};
+use crate::guard::{self, ObjectKey, Registry};
 use crate::health::{Health, Latch};
+use crate::quarantine::Keeper;
 use crate::watchdog::Watchdog;
 
 /// The name of the readiness check that waits for every controller's store.
@@ -33,6 +36,7 @@ pub struct Controllers {
     shutdown: CancellationToken,
     leadership: Option<Leadership>,
     hang_events: Option<Arc<HangEvents>>,
+    quarantine: Option<Arc<Keeper>>,
     names: Vec<String>,
     runs: Vec<BoxFuture<'static, ()>>,
     synced: Vec<BoxFuture<'static, bool>>,
@@ -49,8 +53,15 @@ impl Debug for Controllers {
 impl Controllers {
     /// Controllers guarded by `watchdog`'s registry, with an `informer-sync` latch in
     /// its readiness set; they stop taking new work once `shutdown` is cancelled.
+    /// With the watchdog's [quarantine](crate::Builder::quarantine), if it has one, the
+    /// reconciles of quarantined objects are skipped.
     pub fn new(watchdog: &Watchdog, shutdown: CancellationToken) -> Self {
-        Self::with_parts(watchdog.registry().clone(), watchdog.health(), shutdown)
+        let controllers =
+            Self::with_parts(watchdog.registry().clone(), watchdog.health(), shutdown);
+        match watchdog.quarantine() {
+            Some(keeper) => controllers.quarantine(Arc::clone(keeper)),
+            None => controllers,
+        }
     }
 
     /// Like [`new`](Self::new), from a registry and health sets of your own.
@@ -62,6 +73,7 @@ impl Controllers {
             shutdown,
             leadership: None,
             hang_events: None,
+            quarantine: None,
             names: Vec::new(),
             runs: Vec::new(),
             synced: Vec::new(),
@@ -84,6 +96,17 @@ impl Controllers {
     /// [`add`](Self::add).
     pub fn hang_events(mut self, events: Arc<HangEvents>) -> Self {
         self.hang_events = Some(events);
+        self
+    }
+
+    /// Asks `keeper` before each reconcile of the controllers added from now on: a
+    /// quarantined object's reconcile is not called, and it is requeued for when its
+    /// quarantine ends ([`crate::quarantine`]); with [`hang_events`](Self::hang_events)
+    /// it gets a `ReconcileQuarantined` Event, and `ReconcileQuarantineLifted` when
+    /// that ends. [`new`](Self::new) takes the watchdog's own. Call it before
+    /// [`add`](Self::add).
+    pub fn quarantine(mut self, keeper: Arc<Keeper>) -> Self {
+        self.quarantine = Some(keeper);
         self
     }
 
@@ -150,15 +173,46 @@ impl Controllers {
         }
         let shutdown = self.shutdown.clone();
         let leadership = self.leadership.clone();
-        // The lease gate runs inside the guard, so a reconcile refused for want of the
-        // lease is as visible as any other.
+        let gate = self.quarantine.as_ref().map(|keeper| {
+            let (store, dyntype) = (store.clone(), dyntype.clone());
+            keeper.identify(name, move |key: &ObjectKey| {
+                let (namespace, object) = match key.as_str().split_once('/') {
+                    Some((namespace, object)) => (Some(namespace), object),
+                    None => (None, key.as_str()),
+                };
+                let key = ObjectRef::<K>::new_with(object, dyntype.clone());
+                let key = match namespace {
+                    Some(namespace) => key.within(namespace),
+                    None => key,
+                };
+                store
+                    .get(&key)
+                    .map(|object| (object.meta().uid.clone(), object.meta().generation))
+            });
+            Gate {
+                keeper: Arc::clone(keeper),
+                controller: name.into(),
+                kind: kind.as_str().into(),
+                events: self.hang_events.clone(),
+            }
+        });
+        // The lease and quarantine gates run inside the guard, so a reconcile refused
+        // for want of the lease, or skipped in quarantine, is as visible as any other.
         let gated = move |object: Arc<K>, context: Arc<Ctx>| {
             let led = leadership.as_ref().is_none_or(Leadership::is_held);
+            let admission = gate
+                .clone()
+                .map(|gate| (gate, Candidate::of(object.as_ref())));
             let reconcile = reconcile(object, context);
             async move {
                 if !led {
                     tracing::debug!("not reconciling: the lease is no longer held");
                     return Ok(Action::await_change());
+                }
+                if let Some((gate, candidate)) = admission
+                    && let Some(action) = gate.admit(candidate).await
+                {
+                    return Ok(action);
                 }
                 reconcile.await
             }
@@ -192,8 +246,13 @@ impl Controllers {
             names,
             runs,
             synced,
+            quarantine,
             ..
         } = self;
+        // A new leader's controllers honour what the old one recorded.
+        if let Some(keeper) = &quarantine {
+            keeper.reload();
+        }
         let sync = async move {
             let all = future::join_all(synced).await;
             if !all.is_empty() && all.into_iter().all(|ready| ready) {

@@ -8,6 +8,9 @@
 //! a `Warning` `ReconcileHung` when it crosses its deadline, whose reminders count up
 //! the same Event's series instead of making new ones; a `Normal` `ReconcileHangEnded`
 //! when it ends; a `Warning` `ReconcileCancelled` when `--on-hang cancel` stopped it.
+//! With a [quarantine](crate::quarantine), [`Controllers`](super::Controllers) publish
+//! through it a `Warning` `ReconcileQuarantined` on an object whose reconcile they skip,
+//! and a `Normal` `ReconcileQuarantineLifted` when they reconcile it again.
 //!
 //! Events never hurt the reconciles they describe. The monitor thread only hands each
 //! report to a bounded queue; a thread of their own, with a current-thread runtime and
@@ -96,6 +99,10 @@ enum Reason {
     HangEnded,
     /// `Warning` `ReconcileCancelled`: the watchdog cancelled it; it will be requeued.
     Cancelled,
+    /// `Warning` `ReconcileQuarantined`: its hangs failed liveness; it is not reconciled.
+    Quarantined,
+    /// `Normal` `ReconcileQuarantineLifted`: it is reconciled again.
+    QuarantineLifted,
 }
 
 impl Reason {
@@ -105,14 +112,16 @@ impl Reason {
             Self::Hung => "ReconcileHung",
             Self::HangEnded => "ReconcileHangEnded",
             Self::Cancelled => "ReconcileCancelled",
+            Self::Quarantined => "ReconcileQuarantined",
+            Self::QuarantineLifted => "ReconcileQuarantineLifted",
         }
     }
 
     /// The Event's type: `Warning` or `Normal`.
     fn event_type(self) -> &'static str {
         match self {
-            Self::Hung | Self::Cancelled => "Warning",
-            Self::HangEnded => "Normal",
+            Self::Hung | Self::Cancelled | Self::Quarantined => "Warning",
+            Self::HangEnded | Self::QuarantineLifted => "Normal",
         }
     }
 
@@ -254,23 +263,42 @@ impl HangEvents {
     }
 }
 
-impl crate::plug::HangReports for HangEvents {
-    fn reported(&self, report: &HangReport<'_>) {
+impl HangEvents {
+    /// Publishes a quarantine's Event on `object` of `controller`: a `Warning`
+    /// `ReconcileQuarantined`, or a `Normal` `ReconcileQuarantineLifted`.
+    pub(crate) fn announce(
+        &self,
+        controller: &str,
+        object: &ObjectKey,
+        announcement: &crate::quarantine::Announcement,
+    ) {
+        let reason = if announcement.warning {
+            Reason::Quarantined
+        } else {
+            Reason::QuarantineLifted
+        };
+        let mut note = announcement.note.clone();
+        truncate(&mut note, NOTE_LIMIT);
+        self.enqueue(reason, controller, object, note);
+    }
+
+    /// Queues an Event for the events thread; drops and counts it when the queue is full.
+    fn enqueue(&self, reason: Reason, controller: &str, object: &ObjectKey, note: String) {
         let objects = self
             .objects
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(report.controller)
+            .get(controller)
             .cloned();
         let Some(objects) = objects else {
             return;
         };
         let job = Job {
-            reason: Reason::of(report.reported),
-            controller: report.controller.into(),
-            object: report.object.clone(),
+            reason,
+            controller: controller.into(),
+            object: object.clone(),
             objects,
-            note: note(report),
+            note,
         };
         match self.queue.try_send(Some(job)) {
             Ok(()) => {}
@@ -280,6 +308,17 @@ impl crate::plug::HangReports for HangEvents {
                     .one("the events thread has stopped", Instant::now());
             }
         }
+    }
+}
+
+impl crate::plug::HangReports for HangEvents {
+    fn reported(&self, report: &HangReport<'_>) {
+        self.enqueue(
+            Reason::of(report.reported),
+            report.controller,
+            report.object,
+            note(report),
+        );
     }
 
     fn dropped(&self) -> u64 {

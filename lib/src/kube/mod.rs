@@ -28,6 +28,7 @@ mod controllers;
 pub mod events;
 pub mod leader;
 mod log;
+pub mod quarantine;
 mod reconciler;
 pub mod requests;
 pub mod watches;

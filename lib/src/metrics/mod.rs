@@ -120,6 +120,15 @@ pub struct Metrics {
     api_server: Arc<ApiServerStatus>,
     watch_ages: WatchAges,
     events_dropped: EventsDropped,
+    quarantine: QuarantineSeries,
+}
+
+/// The series of the quarantine (`--quarantine-after`).
+#[derive(Debug, Default)]
+struct QuarantineSeries {
+    quarantined: Family<series::ControllerLabels, Gauge>,
+    quarantines: Family<series::ControllerLabels, Counter>,
+    recorded: Gauge,
 }
 
 impl Metrics {
@@ -166,6 +175,7 @@ impl Metrics {
             api_server,
             watch_ages: WatchAges::default(),
             events_dropped: EventsDropped::default(),
+            quarantine: QuarantineSeries::default(),
         };
         let mut own = prometheus_client::registry::Registry::with_prefix(PREFIX);
         metrics.register_all(&mut own);
@@ -286,6 +296,21 @@ impl Metrics {
         registry.register_collector(Box::new(self.leader.renewal_age.clone()));
         registry.register_collector(Box::new(self.watch_ages.clone()));
         registry.register_collector(Box::new(self.events_dropped.clone()));
+        registry.register(
+            "quarantined_objects",
+            "Objects this process does not reconcile because their hangs failed liveness --quarantine-after times, by controller",
+            self.quarantine.quarantined.clone(),
+        );
+        registry.register(
+            "quarantines",
+            "Quarantines this process began honouring (one per object per process), by controller",
+            self.quarantine.quarantines.clone(),
+        );
+        registry.register(
+            "quarantine_recorded_failures",
+            "Liveness failures caused by hung reconciles that the quarantine ledger has recorded, in all: it survives restarts, so its increase counts restarts a hang caused",
+            self.quarantine.recorded.clone(),
+        );
     }
 
     /// The whole exposition in the OpenMetrics text format, `# EOF` included.
@@ -361,6 +386,33 @@ impl Metrics {
     /// scrape. Only the first call counts.
     pub(crate) fn serve_events_dropped(&self, reports: Arc<dyn crate::plug::HangReports>) {
         let _ = self.events_dropped.0.set(reports);
+    }
+
+    /// Sets `reconcile_watchdog_quarantined_objects{controller}`.
+    pub(crate) fn set_quarantined(&self, controller: &str, objects: usize) {
+        let labels = series::ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        let objects = i64::try_from(objects).unwrap_or(i64::MAX);
+        self.quarantine
+            .quarantined
+            .get_or_create(&labels)
+            .set(objects);
+    }
+
+    /// Counts one quarantine of `controller` in `reconcile_watchdog_quarantines_total`.
+    pub(crate) fn quarantine_started(&self, controller: &str) {
+        let labels = series::ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        self.quarantine.quarantines.get_or_create(&labels).inc();
+    }
+
+    /// Sets `reconcile_watchdog_quarantine_recorded_failures` from the ledger.
+    pub(crate) fn set_quarantine_recorded(&self, recorded: u64) {
+        self.quarantine
+            .recorded
+            .set(i64::try_from(recorded).unwrap_or(i64::MAX));
     }
 
     /// Runs `f` on the series of `controller`, creating them on first sight. The common

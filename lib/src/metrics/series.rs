@@ -33,7 +33,7 @@ fn outcome_index(outcome: Outcome) -> usize {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ControllerLabels {
-    controller: String,
+    pub(super) controller: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

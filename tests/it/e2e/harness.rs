@@ -302,6 +302,19 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("cannot create ConfigTemplate {name}: {e}"))
     }
 
+    /// Deletes the ConfigTemplate `name`, and waits until it is gone.
+    pub fn delete(&self, name: &str) {
+        self.runtime
+            .block_on(self.templates().delete(name, &DeleteParams::default()))
+            .unwrap_or_else(|e| panic!("cannot delete ConfigTemplate {name}: {e}"));
+        let gone = eventually(SETTLE, || {
+            self.runtime
+                .block_on(self.templates().get_opt(name))
+                .is_ok_and(|t| t.is_none())
+        });
+        assert!(gone, "ConfigTemplate {name} was not deleted");
+    }
+
     /// The events.k8s.io Events in the namespace about the object `name`.
     pub fn events_about(&self, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
         let events: Api<k8s_openapi::api::events::v1::Event> =

@@ -8,6 +8,7 @@ mod events;
 mod ha;
 mod harness;
 mod mass;
+mod quarantine;
 mod requests;
 mod watches;
 

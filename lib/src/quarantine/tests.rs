@@ -1,0 +1,578 @@
+//! The quarantine's decision, with an injected clock, and the keeper over a store in
+//! memory.
+
+use std::time::{Duration, SystemTime};
+
+use super::*;
+
+const HOUR: Duration = Duration::from_secs(3600);
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_000_000)
+}
+
+fn failure(object: &str, uid: &str, generation: i64, at: SystemTime) -> Failure {
+    Failure {
+        controller: "widgets".into(),
+        kind: "Widget".into(),
+        object: object.into(),
+        uid: Some(uid.into()),
+        generation: Some(generation),
+        hang: Hang {
+            state: "in-poll".into(),
+            waiting: None,
+            action: "restart".into(),
+        },
+        at,
+    }
+}
+
+fn subject<'a>(object: &'a str, uid: &'a str, generation: i64) -> Subject<'a> {
+    Subject {
+        controller: "widgets",
+        object,
+        uid: Some(uid),
+        generation: Some(generation),
+        lift_asked: false,
+    }
+}
+
+fn quarantined(since: SystemTime, count: u32) -> Standing {
+    Standing::Quarantined {
+        since,
+        until: since + HOUR,
+        count,
+    }
+}
+
+#[test]
+fn n_failures_within_the_window_quarantine_for_the_window_from_the_latest() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    let s = subject("ns/poison", "u1", 1);
+    assert_eq!(q.judge(&ledger, &s, t0()), Standing::Free);
+    q.record(&mut ledger, failure("ns/poison", "u1", 1, t0()), t0());
+    assert_eq!(q.judge(&ledger, &s, t0()), Standing::Free, "one is not two");
+    let t1 = t0() + 10 * MINUTE;
+    q.record(&mut ledger, failure("ns/poison", "u1", 1, t1), t1);
+    assert_eq!(q.judge(&ledger, &s, t1), quarantined(t1, 2));
+    // Other objects, and the same name under another controller, are free.
+    assert_eq!(
+        q.judge(&ledger, &subject("ns/healthy", "u2", 1), t1),
+        Standing::Free
+    );
+    let other = Subject {
+        controller: "gadgets",
+        ..s
+    };
+    assert_eq!(q.judge(&ledger, &other, t1), Standing::Free);
+    // Until the window from the latest failure is over.
+    let almost = t1 + HOUR - Duration::from_secs(1);
+    assert_eq!(q.judge(&ledger, &s, almost), quarantined(t1, 2));
+    assert_eq!(
+        q.judge(&ledger, &s, t1 + HOUR),
+        Standing::Lifted {
+            why: Lift::Expired,
+            latest: Some(t1)
+        }
+    );
+}
+
+#[test]
+fn failures_further_apart_than_the_window_do_not_quarantine() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t0()), t0());
+    let late = t0() + HOUR + MINUTE;
+    q.record(&mut ledger, failure("ns/a", "u1", 1, late), late);
+    assert_eq!(
+        q.judge(&ledger, &subject("ns/a", "u1", 1), late),
+        Standing::Free
+    );
+    // The stale first failure was pruned; the new one counts as the first.
+    assert_eq!(ledger.entries.len(), 1);
+    assert_eq!(ledger.entries[0].failures, [late]);
+    assert_eq!(ledger.recorded, 2);
+}
+
+#[test]
+fn after_one_quarantines_at_the_first_failure_and_zero_never() {
+    let mut ledger = Ledger::new();
+    Quarantine::new(1, HOUR).record(&mut ledger, failure("ns/a", "u1", 1, t0()), t0());
+    let s = subject("ns/a", "u1", 1);
+    assert_eq!(
+        Quarantine::new(1, HOUR).judge(&ledger, &s, t0()),
+        quarantined(t0(), 1)
+    );
+    let off = Quarantine::new(0, HOUR);
+    assert!(!off.is_on());
+    assert_eq!(off.judge(&ledger, &s, t0()), Standing::Free);
+}
+
+#[test]
+fn a_new_generation_or_uid_lifts_and_starts_the_count_over() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    let t1 = t0() + MINUTE;
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t0()), t0());
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t1), t1);
+    let lifted = |why| Standing::Lifted {
+        why,
+        latest: Some(t1),
+    };
+    assert_eq!(
+        q.judge(&ledger, &subject("ns/a", "u1", 2), t1),
+        lifted(Lift::SpecChanged)
+    );
+    // A re-created object is another one, whatever its generation.
+    assert_eq!(
+        q.judge(&ledger, &subject("ns/a", "u2", 1), t1),
+        lifted(Lift::Recreated)
+    );
+    let by_hand = Subject {
+        lift_asked: true,
+        ..subject("ns/a", "u1", 1)
+    };
+    assert_eq!(q.judge(&ledger, &by_hand, t1), lifted(Lift::ByHand));
+    // An unknown uid or generation (not in the cache) is not a change.
+    let unknown = Subject {
+        uid: None,
+        generation: None,
+        ..subject("ns/a", "u1", 1)
+    };
+    assert_eq!(q.judge(&ledger, &unknown, t1), quarantined(t1, 2));
+
+    // A failure of the new generation starts its entry over: one, not three.
+    let t2 = t1 + MINUTE;
+    q.record(&mut ledger, failure("ns/a", "u1", 2, t2), t2);
+    assert_eq!(ledger.entries.len(), 1);
+    assert_eq!(ledger.entries[0].count, 1);
+    assert_eq!(ledger.entries[0].generation, Some(2));
+    assert_eq!(
+        q.judge(&ledger, &subject("ns/a", "u1", 2), t2),
+        Standing::Free
+    );
+}
+
+#[test]
+fn a_quarantine_outlives_the_pruning_of_its_first_failure() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    let t1 = t0() + 50 * MINUTE;
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t0()), t0());
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t1), t1);
+    // Another object's failure prunes the ledger after the first failure's hour.
+    let later = t0() + HOUR + 5 * MINUTE;
+    q.record(&mut ledger, failure("ns/b", "u2", 1, later), later);
+    assert_eq!(
+        q.judge(&ledger, &subject("ns/a", "u1", 1), later),
+        quarantined(t1, 2)
+    );
+}
+
+#[test]
+fn forgetting_a_lifted_entry_keeps_a_failure_recorded_since() {
+    let q = Quarantine::new(1, HOUR);
+    let mut ledger = Ledger::new();
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t0()), t0());
+    let t1 = t0() + MINUTE;
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t1), t1);
+    assert!(
+        !ledger.forget("widgets", "ns/a", Some(t0())),
+        "a later failure came"
+    );
+    assert!(ledger.forget("widgets", "ns/a", Some(t1)));
+    assert!(ledger.entries.is_empty());
+}
+
+#[test]
+fn a_full_ledger_drops_the_entries_whose_latest_failure_is_oldest_and_counts_them() {
+    let q = Quarantine::new(1, HOUR).max_objects(3);
+    let mut ledger = Ledger::new();
+    for i in 0..5u64 {
+        let at = t0() + Duration::from_secs(i);
+        q.record(&mut ledger, failure(&format!("ns/o{i}"), "u", 1, at), at);
+    }
+    let mut kept: Vec<_> = ledger.entries.iter().map(|e| e.object.as_str()).collect();
+    kept.sort_unstable();
+    assert_eq!(kept, ["ns/o2", "ns/o3", "ns/o4"]);
+    assert_eq!(ledger.dropped, 2);
+    // A failure of a kept one makes it the newest: o2 survives the next.
+    let at = t0() + Duration::from_secs(10);
+    q.record(&mut ledger, failure("ns/o2", "u", 1, at), at);
+    let at = at + Duration::from_secs(1);
+    q.record(&mut ledger, failure("ns/o9", "u", 1, at), at);
+    let mut kept: Vec<_> = ledger.entries.iter().map(|e| e.object.as_str()).collect();
+    kept.sort_unstable();
+    assert_eq!(kept, ["ns/o2", "ns/o4", "ns/o9"]);
+    assert_eq!(ledger.dropped, 3);
+}
+
+#[test]
+fn an_entry_keeps_its_latest_times_and_counts_them_all() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    for i in 0..40u64 {
+        let at = t0() + Duration::from_secs(i);
+        q.record(&mut ledger, failure("ns/a", "u1", 1, at), at);
+    }
+    let entry = &ledger.entries[0];
+    assert_eq!(entry.count, 40);
+    assert_eq!(entry.failures.len(), 16);
+    assert_eq!(entry.latest(), Some(t0() + Duration::from_secs(39)));
+}
+
+#[test]
+fn the_ledger_round_trips_and_a_malformed_too_big_or_foreign_one_is_refused() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    q.record(&mut ledger, failure("ns/a", "u1", 3, t0()), t0());
+    let bytes = ledger.encode();
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(text.contains(r#""object":"ns/a""#), "{text}");
+    assert!(text.contains("2026-"), "times are RFC 3339: {text}");
+    assert_eq!(Ledger::decode(&bytes).unwrap(), ledger);
+
+    assert!(matches!(
+        Ledger::decode(b"{not json"),
+        Err(Error::Malformed(_))
+    ));
+    assert!(matches!(
+        Ledger::decode(br#"{"version":1,"entries":[{"controller":"w"}]}"#),
+        Err(Error::Malformed(_))
+    ));
+    assert!(matches!(
+        Ledger::decode(br#"{"version":7,"entries":[]}"#),
+        Err(Error::Version(7))
+    ));
+    let big = vec![b' '; MAX_LEDGER_BYTES + 1];
+    assert!(matches!(Ledger::decode(&big), Err(Error::TooBig { .. })));
+}
+
+#[test]
+fn how_it_hung_is_kept_bounded() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    let mut long = failure("ns/a", "u1", 1, t0());
+    long.hang.waiting = Some("é".repeat(1000));
+    q.record(&mut ledger, long, t0());
+    let waiting = ledger.entries[0].hang.waiting.as_ref().unwrap();
+    assert!(
+        waiting.len() <= 256 && waiting.len() > 250,
+        "{}",
+        waiting.len()
+    );
+}
+
+mod keeper {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
+    use super::*;
+    use crate::guard::ObjectKey;
+
+    fn eventually(mut condition: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !condition() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never happened");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn stored(bytes: &[u8]) -> Arc<Mutex<Stored>> {
+        Arc::new(Mutex::new(Stored {
+            bytes: Some(bytes.to_vec()),
+            version: Some("1".into()),
+        }))
+    }
+
+    #[test]
+    fn a_malformed_ledger_is_ignored_then_replaced_by_the_next_write() {
+        let memory = stored(b"garbage");
+        let keeper = Keeper::new(Quarantine::new(1, HOUR));
+        keeper
+            .start(MemoryStore {
+                stored: Arc::clone(&memory),
+            })
+            .unwrap();
+        eventually(|| keeper.shared_loaded());
+        assert_eq!(keeper.ledger(), Ledger::new());
+        keeper.record_for_test(vec![failure("ns/a", "u1", 1, SystemTime::now())]);
+        eventually(|| keeper.writes() == 1);
+        let bytes = memory.lock().unwrap().bytes.clone().unwrap();
+        let ledger = Ledger::decode(&bytes).unwrap();
+        assert_eq!(ledger.entries.len(), 1);
+        assert_eq!(keeper.ledger(), ledger);
+    }
+
+    #[test]
+    fn a_write_that_meets_another_writer_reads_again_and_keeps_both() {
+        let q = Quarantine::new(2, HOUR);
+        let mut theirs = Ledger::new();
+        q.record(
+            &mut theirs,
+            failure("ns/b", "u2", 1, SystemTime::now()),
+            SystemTime::now(),
+        );
+        let memory = stored(&Ledger::new().encode());
+        let keeper = Keeper::new(q);
+        // Another replica writes after this one has read: its first write conflicts.
+        let racing = RacingStore {
+            inner: MemoryStore {
+                stored: Arc::clone(&memory),
+            },
+            theirs: Some(theirs.encode()),
+        };
+        keeper.start(racing).unwrap();
+        eventually(|| keeper.shared_loaded());
+        keeper.record_for_test(vec![failure("ns/a", "u1", 1, SystemTime::now())]);
+        eventually(|| keeper.writes() == 1);
+        let bytes = memory.lock().unwrap().bytes.clone().unwrap();
+        let ledger = Ledger::decode(&bytes).unwrap();
+        let mut objects: Vec<_> = ledger.entries.iter().map(|e| e.object.clone()).collect();
+        objects.sort();
+        assert_eq!(objects, ["ns/a", "ns/b"]);
+    }
+
+    /// Lets another writer in between this one's read and its first write.
+    #[derive(Debug)]
+    struct RacingStore {
+        inner: MemoryStore,
+        theirs: Option<Vec<u8>>,
+    }
+
+    impl Store for RacingStore {
+        fn read(&mut self) -> Result<Stored, StoreError> {
+            self.inner.read()
+        }
+
+        fn write(&mut self, bytes: &[u8], version: Option<&str>) -> Result<(), StoreError> {
+            if let Some(theirs) = self.theirs.take() {
+                let current = self.inner.read()?.version;
+                self.inner.write(&theirs, current.as_deref())?;
+            }
+            self.inner.write(bytes, version)
+        }
+    }
+
+    #[test]
+    fn admission_announces_a_quarantine_once_and_its_lift_once() {
+        let q = Quarantine::new(1, HOUR);
+        let since_epoch = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(since_epoch.as_secs());
+        let mut ledger = Ledger::new();
+        q.record(&mut ledger, failure("ns/a", "u1", 1, now), now);
+        let memory = stored(&ledger.encode());
+        let keeper = Keeper::new(q);
+        keeper
+            .start(MemoryStore {
+                stored: Arc::clone(&memory),
+            })
+            .unwrap();
+        eventually(|| keeper.shared_loaded());
+        let s = subject("ns/a", "u1", 1);
+        let Admission::Skip { requeue, announced } = keeper.admit(&s, "Widget", now) else {
+            panic!("not quarantined");
+        };
+        assert_eq!(
+            requeue,
+            Duration::from_secs(60),
+            "looked at again within a minute"
+        );
+        let announced = announced.expect("announced the first time");
+        assert_eq!(announced.reason, "ReconcileQuarantined");
+        assert!(
+            announced.note.contains(LIFT_ANNOTATION),
+            "{}",
+            announced.note
+        );
+        assert!(matches!(
+            keeper.admit(&s, "Widget", now + MINUTE),
+            Admission::Skip {
+                announced: None,
+                ..
+            }
+        ));
+        assert_eq!(keeper.quarantined(), [("widgets".into(), "ns/a".into())]);
+        // Near its end, the requeue is its end.
+        let Admission::Skip { requeue, .. } = keeper.admit(&s, "Widget", now + HOUR - MINUTE / 2)
+        else {
+            panic!("not quarantined");
+        };
+        assert_eq!(requeue, MINUTE / 2);
+
+        let changed = subject("ns/a", "u1", 2);
+        let Admission::Reconcile { lifted: Some(lift) } = keeper.admit(&changed, "Widget", now)
+        else {
+            panic!("not lifted");
+        };
+        assert_eq!(lift.reason, "ReconcileQuarantineLifted");
+        assert!(lift.note.contains("spec changed"), "{}", lift.note);
+        assert_eq!(
+            keeper.admit(&s, "Widget", now),
+            Admission::Reconcile { lifted: None },
+            "a lifted entry is forgotten"
+        );
+        assert!(keeper.quarantined().is_empty());
+        eventually(|| {
+            let bytes = memory.lock().unwrap().bytes.clone().unwrap();
+            Ledger::decode(&bytes).unwrap().entries.is_empty()
+        });
+    }
+
+    #[test]
+    fn the_failures_of_one_scan_are_one_write() {
+        let keeper = Keeper::new(Quarantine::new(2, HOUR));
+        keeper.start(MemoryStore::default()).unwrap();
+        let now = SystemTime::now();
+        let failures = (0..5)
+            .map(|i| failure(&format!("ns/o{i}"), "u", 1, now))
+            .collect();
+        keeper.record_for_test(failures);
+        eventually(|| keeper.ledger().entries.len() == 5);
+        assert_eq!(keeper.writes(), 1);
+        assert_eq!(keeper.ledger().recorded, 5);
+    }
+
+    #[test]
+    fn the_uid_and_generation_of_a_failure_come_from_its_controller() {
+        let keeper = Keeper::new(Quarantine::new(1, HOUR));
+        keeper.identify("widgets", |key: &ObjectKey| {
+            (key.as_str() == "ns/a").then(|| (Some("uid-a".to_owned()), Some(4)))
+        });
+        keeper.start(MemoryStore::default()).unwrap();
+        let mut unknown = failure("ns/a", "", 0, SystemTime::now());
+        (unknown.uid, unknown.generation) = (None, None);
+        keeper.record_for_test(vec![unknown]);
+        eventually(|| keeper.writes() == 1);
+        let entry = keeper.ledger().entries[0].clone();
+        assert_eq!(
+            (entry.uid.as_deref(), entry.generation),
+            (Some("uid-a"), Some(4))
+        );
+    }
+}
+
+#[test]
+fn a_reconcile_failing_liveness_is_recorded_once_from_the_monitors_scans() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let memory = MemoryStore::default();
+    let stored = Arc::clone(&memory.stored);
+    let keeper = Keeper::new(Quarantine::new(2, HOUR));
+    keeper.start(memory).unwrap();
+    let watchdog = crate::Watchdog::builder()
+        .deadlines(Duration::from_millis(50))
+        .interval(Duration::from_millis(10))
+        .quarantine(Arc::clone(&keeper))
+        .start()
+        .unwrap();
+    let guard = watchdog
+        .registry()
+        .controller("widgets", "Widget")
+        .register(crate::guard::ObjectKey::namespaced("ns", "stuck"));
+    let start = Instant::now();
+    while keeper.writes() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never recorded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Many more scans see it failing liveness: still one failure.
+    std::thread::sleep(Duration::from_millis(200));
+    drop(guard);
+    let bytes = stored.lock().unwrap().bytes.clone().unwrap();
+    let ledger = Ledger::decode(&bytes).unwrap();
+    assert_eq!(keeper.writes(), 1);
+    assert_eq!(ledger.recorded, 1);
+    let entry = &ledger.entries[0];
+    assert_eq!(
+        (
+            entry.controller.as_str(),
+            entry.kind.as_str(),
+            entry.object.as_str()
+        ),
+        ("widgets", "Widget", "ns/stuck")
+    );
+    assert_eq!(entry.hang.state, "awaiting");
+    assert_eq!(entry.hang.action, "restart");
+    assert_eq!(entry.count, 1);
+}
+
+/// What the ledger weighs, for docs/performance.md: `cargo test -p reconcile-watchdog
+/// --lib quarantine::tests::ledger_sizes -- --nocapture`.
+#[test]
+fn ledger_sizes() {
+    let q = Quarantine::new(2, HOUR).max_objects(100);
+    let realistic = |i: usize, at| Failure {
+        controller: "configtemplates".into(),
+        kind: "ConfigTemplate".into(),
+        object: format!("team-payments-prod/app-config-{i:03}"),
+        uid: Some(format!("6f1c2a8e-93b1-4c7e-9d2f-{i:012}")),
+        generation: Some(7),
+        hang: Hang {
+            state: "awaiting".into(),
+            waiting: Some(format!(
+                "waiting on GET /api/v1/namespaces/team-payments-prod/configmaps/app-config-{i:03}, sent 5m 2s ago, no response head"
+            )),
+            action: "restart".into(),
+        },
+        at,
+    };
+    let size = |objects: usize, failures_each: u64| {
+        let mut ledger = Ledger::new();
+        for n in 0..failures_each {
+            for i in 0..objects {
+                let at = t0() + Duration::from_secs(n);
+                q.record(&mut ledger, realistic(i, at), at);
+            }
+        }
+        ledger.encode().len()
+    };
+    let (one, hundred, full) = (size(1, 1), size(100, 1), size(100, 16));
+    eprintln!(
+        "ledger: 1 object {one} B; 100 objects {hundred} B; 100 objects with 16 failures each {full} B"
+    );
+    assert!(one < 1024, "{one}");
+    assert!(hundred < 64 * 1024, "{hundred}");
+    // The bound the ledger keeps stays well inside what is read, and a ConfigMap's 1 MiB.
+    assert!(full < MAX_LEDGER_BYTES / 2, "{full}");
+}
+
+#[test]
+fn a_reload_reads_what_another_replica_wrote() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let memory = MemoryStore::default();
+    let stored = Arc::clone(&memory.stored);
+    let keeper = Keeper::new(Quarantine::new(1, HOUR));
+    keeper.start(memory).unwrap();
+    let start = Instant::now();
+    while !keeper.shared_loaded() {
+        assert!(start.elapsed() < Duration::from_secs(10), "never read");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(keeper.ledger().entries.is_empty());
+    // The old leader writes after this replica's first read.
+    let mut theirs = Ledger::new();
+    let now = SystemTime::now();
+    Quarantine::new(1, HOUR).record(&mut theirs, failure("ns/a", "u1", 1, now), now);
+    MemoryStore {
+        stored: Arc::clone(&stored),
+    }
+    .write(&theirs.encode(), None)
+    .unwrap();
+    keeper.reload();
+    let start = Instant::now();
+    while keeper.ledger().entries.is_empty() || !keeper.shared_loaded() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never read again"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(keeper.ledger().entries[0].object, "ns/a");
+}
