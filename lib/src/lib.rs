@@ -70,6 +70,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod plug;
 pub mod probes;
+pub mod restart;
 pub mod shutdown;
 pub mod stack;
 pub mod watchdog;

@@ -325,6 +325,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         }
         Ending::SecondSignal { .. } | Ending::GraceExpired { .. } => Ok(ExitCode::FAILURE),
     };
+    // The watchdog first: as it goes, it writes the termination message if liveness
+    // fails, from what the monitor found before the runtime's tasks are dropped.
+    drop(watchdog);
     // Reconciles still hung must not hold the process.
     runtime.shutdown_background();
     code
