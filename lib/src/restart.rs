@@ -382,7 +382,7 @@ fn write_now(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::stack::Frame;
 
@@ -401,7 +401,8 @@ mod tests {
         }
     }
 
-    fn cause(n: usize) -> Cause {
+    /// A cause of `n` culprits, half in a poll, half awaiting a request.
+    pub(crate) fn cause(n: usize) -> Cause {
         let kept = n.min(CULPRITS);
         Cause {
             culprits: (0..kept)

@@ -227,9 +227,12 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         .api_server_check_interval()
         .map(ApiServerCheck::every);
     let watches = Watches::new(args.watchdog.watch_stall_threshold());
-    let hang_events = args
-        .hang_events
-        .then(|| HangEvents::new(HangEvents::instance_from_env()));
+    let hang_events = args.hang_events.then(|| {
+        let events = HangEvents::new(HangEvents::instance_from_env());
+        // LivenessFailing on the operator's own Pod, named by the downward API.
+        events.own_pod_from_env();
+        events
+    });
     let mut builder = args
         .watchdog
         .builder()
