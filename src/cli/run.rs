@@ -13,6 +13,7 @@ use super::logging;
 use crate::operator::{self, Context};
 use reconcile_watchdog::kube::events::HangEvents;
 use reconcile_watchdog::kube::leader::{self, LeaderElection};
+use reconcile_watchdog::kube::restarts::PreviousRun;
 use reconcile_watchdog::kube::watches::Watches;
 use reconcile_watchdog::kube::{ApiServerCheck, Controllers, requests};
 use reconcile_watchdog::shutdown::{Ending, Supervisor};
@@ -32,7 +33,7 @@ pub struct RunArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_ENABLE_FAULT_INJECTION")]
     pub enable_fault_injection: bool,
 
-    /// Publish hang reports as Events on the hung objects (ReconcileHung, ReconcileHangEnded, ReconcileCancelled), within the hang report budget; false disables
+    /// Publish hang reports as Events on the hung objects (ReconcileHung, ReconcileHangEnded, ReconcileCancelled), within the hang report budget, and LivenessFailing on the operator's own Pod (POD_NAMESPACE, POD_NAME); false disables
     #[arg(long, env = "RECONCILE_WATCHDOG_HANG_EVENTS", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub hang_events: bool,
 
@@ -266,6 +267,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         Some(config) => Mode::Elected(LeaderElection::new(&watchdog, config)?),
     };
     let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
+    let previous_run = PreviousRun::new(&watchdog);
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
     let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
@@ -292,6 +294,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                 .with_layer(&watches.layer())
                 .with_layer(&requests::layer())
                 .build();
+            // Whether this container was restarted after liveness failed: a gauge the
+            // ReconcileHangRestart alert reads, and a WARN.
+            tokio::spawn(previous_run.read(client.clone()));
             let ctx = Context {
                 client: client.clone(),
                 fault_injection,

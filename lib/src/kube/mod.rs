@@ -30,6 +30,7 @@ pub mod leader;
 mod log;
 mod reconciler;
 pub mod requests;
+pub mod restarts;
 pub mod watches;
 
 pub use apiserver::ApiServerCheck;
