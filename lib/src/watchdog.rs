@@ -466,11 +466,18 @@ impl Watchdog {
     }
 }
 
+impl Watchdog {
+    /// Why liveness fails, as the latest scan found it; `None` while it passes.
+    pub(crate) fn liveness_cause(&self) -> Option<Arc<restart::Cause>> {
+        self.monitor.status().cause()
+    }
+}
+
 impl Drop for Watchdog {
     fn drop(&mut self) {
         // Read before the monitor stops: the latest scan says whether liveness fails.
         if let Some(path) = &self.termination_message
-            && let Some(cause) = self.monitor.status().cause()
+            && let Some(cause) = self.liveness_cause()
         {
             restart::write(
                 path,
