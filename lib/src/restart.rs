@@ -30,9 +30,8 @@ pub const MESSAGE_BYTES: usize = 4096;
 /// Where Kubernetes reads the termination message by default.
 pub const KUBERNETES_PATH: &str = "/dev/termination-log";
 
-/// How many culprits a cause keeps by name; the rest are counted. More than fit in
-/// [`MESSAGE_BYTES`] with long names, so that the message is cut by its bytes, not by
-/// this.
+/// How many culprits a cause keeps by name; the rest are counted. With long names fewer
+/// fit in [`MESSAGE_BYTES`]: the message names those that fit and counts the others.
 const CULPRITS: usize = 32;
 
 /// The most bytes of one culprit's line: an object's name and a function's may be long.
