@@ -28,7 +28,7 @@ use crate::stack::Stack;
 pub const MESSAGE_BYTES: usize = 4096;
 
 /// Where Kubernetes reads the termination message by default.
-pub const KUBERNETES_PATH: &str = "/dev/termination-log";
+pub(crate) const KUBERNETES_PATH: &str = "/dev/termination-log";
 
 /// How many culprits a cause keeps by name; the rest are counted. With long names fewer
 /// fit in [`MESSAGE_BYTES`]: the message names those that fit and counts the others.
@@ -43,7 +43,7 @@ pub(crate) const WRITE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The first words of every message, by which a restarted process knows what its
 /// predecessor left (and an engineer knows who wrote it).
-pub const MESSAGE_START: &str = "reconcile-watchdog: liveness failed";
+pub(crate) const MESSAGE_START: &str = "reconcile-watchdog: liveness failed";
 
 /// Why liveness fails, as the latest scan found it (see the [module](self)).
 #[derive(Clone, Debug, PartialEq, Eq)]
