@@ -5,14 +5,14 @@
 # The image runs the build CI tests: x86_64 (or the build machine's architecture)
 # Linux with glibc, unwound by libgcc. Both stages are Debian 13 (trixie), so the
 # binary runs on the glibc it was linked against (2.41): no musl, whose libunwind and
-# signal trampoline the stack capture is not tested with (docs/diagnostics.md).
+# signal trampoline the stack capture is not tested with (docs/stack-capture.md).
 #
 # Build stage: the official Rust image on Debian trixie carries gcc and the glibc
 # headers, all that ring (kube's rustls backend, the only C compiled) needs.
 FROM rust:1.95-slim-trixie AS build
 # llvm-gsymutil and llvm-objcopy make the shipped layout (tools/ship-symbols.sh): the
 # binary without debug sections and its GSYM symbol file, which hang reports' stacks are
-# resolved from in a few pages of memory (docs/diagnostics.md, "Symbols"). Debian 13's
+# resolved from in a few pages of memory (docs/stack-capture.md, "Symbols"). Debian 13's
 # llvm is LLVM 19, the version CI's release-binary tests make the symbol file with.
 # Not pinned (DL3008): the base image's Debian release fixes the version.
 # hadolint ignore=DL3008

@@ -9,7 +9,11 @@ venv="$(bash tests/support/venv.sh)"
 command -v promtool >/dev/null || {
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
 }
-cargo build --quiet --locked --bin reconcile-watchdog
-RECONCILE_WATCHDOG_BIN="${CARGO_TARGET_DIR:-target}/debug/reconcile-watchdog"
+# The binary RECONCILE_WATCHDOG_BIN names (.ci/test gives the one its tests built), else
+# a debug build.
+if [[ -z "${RECONCILE_WATCHDOG_BIN:-}" ]]; then
+    cargo build --quiet --locked --bin reconcile-watchdog
+    RECONCILE_WATCHDOG_BIN="${CARGO_TARGET_DIR:-target}/debug/reconcile-watchdog"
+fi
 export RECONCILE_WATCHDOG_BIN
 exec "$venv/bin/python" tests/monitoring.py

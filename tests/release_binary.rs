@@ -15,7 +15,7 @@
 
 // The end-to-end harness, for its emulator: most of it is for other tests.
 #[allow(dead_code)]
-#[path = "e2e/harness.rs"]
+#[path = "it/e2e/harness.rs"]
 mod harness;
 mod support;
 

@@ -1,6 +1,31 @@
-//! The integration tests, one module per topic.
+//! The integration and end-to-end tests, as one test crate: the dependencies are linked
+//! once, not once per file. Each module is a topic of its own; CI runs every test in a
+//! process of its own (cargo-nextest), so process-wide state (the global tracing
+//! subscriber, rlimits, signal handlers) stays per test.
 
-mod log_records;
 #[path = "../support/mod.rs"]
 mod support;
+
+mod bad_input;
+mod crd;
+mod deadlines;
+mod debug_reconciles;
+mod demo;
+mod demo_hangs;
+mod doc_examples;
+mod driver_rescue;
+mod e2e;
+mod flag_conflicts;
+mod flags_doc;
+mod flood;
+mod fuzz_corpus;
+mod guard;
+mod guard_hot_path;
+mod hangs;
+mod log_records;
+mod metrics;
+mod metrics_registry;
+mod no_frame_pointers;
+mod pause;
+mod request_timeouts;
 mod termination_message;

@@ -3,6 +3,7 @@
 
 pub mod blocked_worker;
 pub mod openmetrics;
+pub mod reports;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -48,6 +48,7 @@ mod task_dump {
         }
     }
 }
+mod task_trace;
 mod thread;
 #[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub(crate) mod verdict;

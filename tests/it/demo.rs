@@ -1,7 +1,7 @@
 //! Over real HTTP against the binary's `demo`: the probes flip when a reconcile hangs,
 //! whichever way it hangs, and the hang report is written once.
 
-mod support;
+use crate::support;
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! `/debug/deadlines` lists the controller with a suggested flag line; and
 //! `reconcile-watchdog deadlines --from URL` prints it, or a clear error.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::net::SocketAddr;

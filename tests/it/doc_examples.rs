@@ -6,7 +6,7 @@
 //! fields and their types; the demo's banner its lines. A `…` in an example stands for
 //! what it leaves out.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -32,6 +32,7 @@ const PAGES: &[&str] = &[
     "docs/install.md",
     "docs/operations.md",
     "docs/performance.md",
+    "docs/stack-capture.md",
 ];
 
 const RUNS: &[&str] = &["await", "block", "wedge"];

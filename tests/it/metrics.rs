@@ -1,7 +1,7 @@
 //! `/metrics` of the real binary: the exposition parses strictly as OpenMetrics, and
 //! its values move as the demo's hang begins and ends.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -9,7 +9,7 @@ use reconcile_watchdog_operator::operator::ConfigTemplate;
 use reconcile_watchdog_operator::operator::crd::ConfigTemplateSpec;
 use serde_json::Value;
 
-use crate::harness::{Cluster, Operator, SETTLE, eventually, is};
+use super::harness::{Cluster, Operator, SETTLE, eventually, is};
 
 /// The kubelet reads at most 10 KiB of a probe body; the watchdog keeps to 4 KiB.
 const BODY_LIMIT: usize = 4096;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{Cluster, Operator, SETTLE, eventually, is};
+use super::harness::{Cluster, Operator, SETTLE, eventually, is};
 
 const DEADLINE: Duration = Duration::from_secs(2);
 

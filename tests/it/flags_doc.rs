@@ -3,7 +3,7 @@
 //! Sections for subcommands this build does not have are not checked. The page is the
 //! one table of flags: `run`'s comes first, and README.md keeps none of its own.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! The binary's `demo` hangs, seen from outside: the stack in a `block` hang's report,
 //! and the probes of a wedged runtime.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

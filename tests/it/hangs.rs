@@ -2,9 +2,7 @@
 //! diagnostics, cancelled where it can be, escalated where it cannot, and the registry
 //! and health state clean afterwards.
 
-#[path = "hangs/rig.rs"]
 mod rig;
-mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};

@@ -1,6 +1,6 @@
 //! Flags that parse alone but cannot work together exit 2, naming both.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

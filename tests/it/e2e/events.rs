@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::events::v1::Event;
 use serde_json::Value;
 
-use crate::harness::{Cluster, Operator, SETTLE, eventually, free_port, is};
+use super::harness::{Cluster, Operator, SETTLE, eventually, free_port, is};
 use crate::support;
 
 const DEADLINE: Duration = Duration::from_secs(2);

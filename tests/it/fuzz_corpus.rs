@@ -3,7 +3,7 @@
 //! the cargo-fuzz target calls, on stable Rust: what fuzzing once found stays fixed.
 //! `fuzz/run.sh` fuzzes (nightly) and grows the corpora.
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod bodies;
 
 use std::path::PathBuf;

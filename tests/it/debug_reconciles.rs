@@ -2,7 +2,7 @@
 //! here, field by field, and must match the table in `docs/operations.md`; the probe
 //! port does not serve it.
 
-mod support;
+use crate::support;
 
 use std::future::pending;
 use std::time::Duration;

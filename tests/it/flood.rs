@@ -4,7 +4,7 @@
 //! timeout, and keep answering new requests. The latency under flood is measured by
 //! `benches/load flood` (docs/performance.md), not asserted here.
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

@@ -9,8 +9,6 @@ mod ha;
 mod harness;
 mod mass;
 mod requests;
-#[path = "../support/mod.rs"]
-mod support;
 mod watches;
 
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::harness::{Cluster, Operator, SETTLE, eventually, is};
+use super::harness::{Cluster, Operator, SETTLE, eventually, is};
 
 #[test]
 fn emulator_held_watches_fail_readiness_not_liveness_until_released() {

@@ -1,7 +1,7 @@
 //! Bad input never panics or hangs: malformed flags exit 2 naming the flag, a taken port
 //! exits 1 naming the address, and the probe server shrugs off malformed requests.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -5,22 +5,18 @@
 //! A wake is counted and named as a rescue only for a reconcile that held a worker of
 //! the watched runtime: not for a busy healthy one, nor one on another runtime.
 
-mod support;
+use crate::support;
 
 use support::blocked_worker;
+use support::reports::{capture as capture_reports, reports};
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reconcile_watchdog::Watchdog;
 use reconcile_watchdog::guard::{ControllerHandle, Deadlines, ObjectKey};
-use reconcile_watchdog::internals::report;
 use reconcile_watchdog::monitor::HangPolicy;
-use tracing::field::{Field, Visit};
-use tracing_subscriber::Layer;
-use tracing_subscriber::layer::{Context, SubscriberExt};
 
 /// How long any eventual outcome may take: generous, for a busy two-core machine.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -29,72 +25,6 @@ const BLOCK: Duration = Duration::from_millis(800);
 /// The longest gap between its ticks a round may show: timers kept going.
 const LONGEST_GAP: Duration = Duration::from_millis(500);
 const RESCUE_WARN: &str = "a reconcile blocked a runtime worker in one poll";
-
-/// One report, as written.
-#[derive(Clone, Debug)]
-struct Report {
-    level: tracing::Level,
-    message: String,
-    fields: BTreeMap<String, String>,
-}
-
-impl Report {
-    fn field(&self, name: &str) -> Option<&str> {
-        self.fields.get(name).map(String::as_str)
-    }
-}
-
-static REPORTS: Mutex<Vec<Report>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        let target = event.metadata().target();
-        if target != report::TARGET && target != report::RUNTIME_TARGET {
-            return;
-        }
-        let mut fields = BTreeMap::new();
-        event.record(&mut Fields(&mut fields));
-        let message = fields.remove("message").unwrap_or_default();
-        REPORTS.lock().unwrap().push(Report {
-            level: *event.metadata().level(),
-            message,
-            fields,
-        });
-    }
-}
-
-/// The monitor logs from its own thread: the capture is the global subscriber.
-fn capture_reports() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
-            .expect("the only global subscriber of this test binary");
-    });
-}
-
-fn reports(matches: impl Fn(&Report) -> bool) -> Vec<Report> {
-    REPORTS
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| matches(r))
-        .cloned()
-        .collect()
-}
 
 /// A multi-thread runtime of `workers` workers.
 fn runtime(workers: usize) -> tokio::runtime::Runtime {

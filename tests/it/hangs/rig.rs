@@ -1,18 +1,14 @@
 //! The hang tests' rig: a capture of the hang reports, and a real monitor with short
 //! intervals.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reconcile_watchdog::guard::Registry;
 use reconcile_watchdog::health::Health;
 use reconcile_watchdog::internals::{Config, Diagnostics, Monitor, RuntimeHeartbeat, report};
 use reconcile_watchdog::monitor::HangPolicy;
-use tracing::field::{Field, Visit};
-use tracing_subscriber::Layer;
-use tracing_subscriber::layer::{Context, SubscriberExt};
 
 /// The scan period of every test monitor.
 pub const INTERVAL: Duration = Duration::from_millis(50);
@@ -22,75 +18,16 @@ pub const DEADLINE: Duration = Duration::from_millis(200);
 /// two-core machine.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
-/// One hang report, as written.
-#[derive(Clone, Debug)]
-pub struct Report {
-    pub level: tracing::Level,
-    pub message: String,
-    pub fields: BTreeMap<String, String>,
-}
+pub use crate::support::reports::Report;
 
-impl Report {
-    pub fn field(&self, name: &str) -> Option<&str> {
-        self.fields.get(name).map(String::as_str)
-    }
-
-    pub fn is(&self, level: tracing::Level, message_start: &str) -> bool {
-        self.level == level && self.message.starts_with(message_start)
-    }
-}
-
-static REPORTS: Mutex<Vec<Report>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: Context<'_, S>) {
-        if event.metadata().target() != report::TARGET {
-            return;
-        }
-        let mut fields = BTreeMap::new();
-        event.record(&mut Fields(&mut fields));
-        let message = fields.remove("message").unwrap_or_default();
-        REPORTS.lock().unwrap().push(Report {
-            level: *event.metadata().level(),
-            message,
-            fields,
-        });
-    }
-}
-
-/// Installs the capture as this test binary's global subscriber (the monitor logs
-/// from its own thread, so a thread-local default would not see it).
+/// Installs the capture of reports (shared with the other tests of this binary).
 pub fn capture_reports() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
-            .expect("the only global subscriber of this test binary");
-    });
+    crate::support::reports::capture();
 }
 
-/// The reports captured so far that `matches` selects.
+/// The hang reports captured so far that `matches` selects.
 pub fn reports(matches: impl Fn(&Report) -> bool) -> Vec<Report> {
-    REPORTS
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| matches(r))
-        .cloned()
-        .collect()
+    crate::support::reports::reports(|r| r.target == report::TARGET && matches(r))
 }
 
 /// The reports about `controller`.

@@ -2,7 +2,7 @@
 //! freeze or a VM pause would) and continued writes one WARN and keeps liveness, and a
 //! real wedge after it is still reported.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kube::Api;
 use serde_json::Value;
 
-use crate::harness::{Cluster, Operator, SETTLE, eventually, is};
+use super::harness::{Cluster, Operator, SETTLE, eventually, is};
 use crate::support::BIN;
 
 const LEASE: Duration = Duration::from_secs(4);

@@ -1,6 +1,6 @@
 //! Hang reports' stacks in an operator author's own build: `tests/stack-fixtures`, a crate
 //! outside this workspace (so without its wrapper, which forces frame pointers on this
-//! repository's crates), built in release with the profile docs/diagnostics.md gives
+//! repository's crates), built in release with the profile docs/stack-capture.md gives
 //! embedders, once without frame pointers and once with `-Cforce-frame-pointers=yes` on
 //! every crate, and in debug. Each of its cases blocks a guarded reconcile in a function of its own
 //! (sleep, a std mutex, a condvar, a socket read, a pipe read, `Command::output`, and a
