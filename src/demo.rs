@@ -176,11 +176,9 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
 
     wait();
     watchdog.health().shutdown.begin();
-    // The watchdog first: as it goes, it writes the termination message if liveness
-    // fails, from what the monitor found before the runtime's tasks are dropped.
+    // The watchdog first: it writes the termination message if liveness fails.
     drop(watchdog);
-    // Hung tasks never finish; don't wait for them.
-    runtime.shutdown_background();
+    runtime.shutdown_background(); // hung tasks never finish: not waited for
     Ok(())
 }
 
