@@ -5,9 +5,10 @@
 //! some threads have one (the standard library installs one on the threads it starts,
 //! and on the main thread, when the program's `main` is Rust's), and a thread's can only
 //! be queried by the thread itself. So each thread the guard polls on calls [`prepare`]
-//! once: it installs a stack where the thread has none, and records the thread as ready;
-//! a capture signals only threads recorded here. The stack is released, and the record
-//! dropped, when the thread ends.
+//! once: it installs a stack where the thread has none, or has one too small for the
+//! handler on this CPU (whose signal frame grows with its vector registers), and records
+//! the thread as ready; a capture signals only threads recorded here. The stack is
+//! released, the embedder's put back, and the record dropped, when the thread ends.
 #![allow(unsafe_code)]
 
 use std::sync::Mutex;
@@ -31,26 +32,66 @@ pub(crate) struct AltStack {
     tid: Option<u32>,
     /// The mapping installed here (its start, with the guard page, and its length).
     ours: Option<(usize, usize)>,
+    /// The thread's own alternate stack that ours replaced (too small), put back when
+    /// ours is released.
+    theirs: Option<libc::stack_t>,
+}
+
+/// How large an alternate stack the capture's handler needs on this CPU: the kernel's
+/// signal frame (`AT_MINSIGSTKSZ`, at least `MINSIGSTKSZ`) and the handler's own room.
+fn needed() -> usize {
+    // SAFETY: `getauxval` reads the process's auxiliary vector; 0 when the entry is
+    // missing (kernels before 5.14).
+    let minimum = unsafe { libc::getauxval(AT_MINSIGSTKSZ) } as usize;
+    minimum.max(libc::MINSIGSTKSZ) + HANDLER_ROOM
 }
 
 /// Makes the calling thread ready for the capture signal: records it when it has an
-/// alternate signal stack, installing one first when it has none. A thread where that
-/// fails is not recorded (captures of it while it runs are refused, and say why).
+/// alternate signal stack large enough for the handler, installing one first when it has
+/// none or a smaller one (which is kept, to be put back). A thread where that fails is
+/// not recorded (captures of it while it runs are refused, and say why).
 pub(crate) fn prepare() -> AltStack {
     let mut prepared = AltStack {
         tid: None,
         ours: None,
+        theirs: None,
     };
     let Some(tid) = gettid() else {
         return prepared;
     };
-    match current() {
-        Some(stack) if stack.ss_flags & libc::SS_DISABLE == 0 => {}
-        Some(_) => match install() {
-            Some(ours) => prepared.ours = Some(ours),
-            None => return prepared,
-        },
-        None => return prepared,
+    let Some(stack) = current() else {
+        return prepared;
+    };
+    let enabled = stack.ss_flags & libc::SS_DISABLE == 0;
+    if !enabled || stack.ss_size < needed() {
+        // A stack in use (a handler of the thread's own is running on it) is not
+        // replaced under it.
+        if stack.ss_flags & libc::SS_ONSTACK != 0 {
+            return prepared;
+        }
+        let Some(ours) = install() else {
+            tracing::info!(
+                target: "reconcile_watchdog::stack",
+                tid,
+                "no alternate signal stack could be installed for the capture's handler: \
+                 captures of this thread while it runs will not signal it"
+            );
+            return prepared;
+        };
+        prepared.ours = Some(ours);
+        prepared.theirs = enabled.then_some(stack);
+        if enabled {
+            // Said once per thread: the embedder's stack is not what its handlers run on
+            // while the guard holds the thread.
+            tracing::info!(
+                target: "reconcile_watchdog::stack",
+                tid,
+                size = stack.ss_size,
+                needed = needed(),
+                "the thread's alternate signal stack is too small for the capture's \
+                 handler: one that fits replaces it until the thread ends, when it is put back"
+            );
+        }
     }
     READY.lock().unwrap_or_else(|p| p.into_inner()).push(tid);
     prepared.tid = Some(tid);
@@ -92,8 +133,12 @@ impl Drop for AltStack {
             ss_flags: libc::SS_DISABLE,
             ss_size: 0,
         };
-        // SAFETY: `disable` is a valid `stack_t`; a null old stack is allowed.
-        if unsafe { libc::sigaltstack(&disable, std::ptr::null_mut()) } != 0 {
+        // The embedder's own stack back where ours replaced one.
+        let next = self.theirs.as_ref().unwrap_or(&disable);
+        // SAFETY: `next` is a valid `stack_t`: disabled, or the thread's own stack as
+        // `sigaltstack` reported it, whose memory its owner keeps; a null old stack is
+        // allowed.
+        if unsafe { libc::sigaltstack(next, std::ptr::null_mut()) } != 0 {
             return;
         }
         // SAFETY: `start..start + len` is the mapping `install` made, no longer the
@@ -119,10 +164,9 @@ fn current() -> Option<libc::stack_t> {
 /// signal stack: the mapping's start and length.
 fn install() -> Option<(usize, usize)> {
     let page = page_size();
-    // SAFETY: `getauxval` reads the process's auxiliary vector; 0 when the entry is
-    // missing (kernels before 5.14).
-    let minimum = unsafe { libc::getauxval(AT_MINSIGSTKSZ) } as usize;
-    let size = (libc::SIGSTKSZ.max(minimum) + HANDLER_ROOM).next_multiple_of(page);
+    let size = (libc::SIGSTKSZ + HANDLER_ROOM)
+        .max(needed())
+        .next_multiple_of(page);
     let len = size + page;
     // SAFETY: an anonymous private mapping at an address the kernel chooses.
     let start = unsafe {
@@ -225,6 +269,39 @@ pub(crate) mod tests {
         assert_eq!(is_ready(tid), None, "not waited for");
         drop(held);
         assert!(is_ready(tid).is_some());
+    }
+
+    #[test]
+    fn a_thread_with_too_small_an_alternate_stack_gets_one_that_fits_and_its_own_back() {
+        std::thread::spawn(|| {
+            let mut theirs = vec![0u8; 2048];
+            let stack = libc::stack_t {
+                ss_sp: theirs.as_mut_ptr().cast(),
+                ss_flags: 0,
+                ss_size: theirs.len(),
+            };
+            // SAFETY: `theirs` outlives the stack's use: it is disabled below first.
+            assert_eq!(
+                unsafe { libc::sigaltstack(&stack, std::ptr::null_mut()) },
+                0
+            );
+            let prepared = prepare();
+            assert!(
+                prepared.ours.is_some(),
+                "replaced: 2 KiB is below {}",
+                needed()
+            );
+            let now = current().unwrap();
+            assert!(now.ss_size >= needed(), "{} bytes", now.ss_size);
+            assert_eq!(is_ready(gettid().unwrap()), Some(true));
+            drop(prepared);
+            let back = current().unwrap();
+            assert_eq!(back.ss_sp, theirs.as_mut_ptr().cast(), "put back");
+            assert_eq!(back.ss_size, 2048);
+            drop_alternate_stack();
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

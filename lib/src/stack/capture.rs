@@ -44,6 +44,13 @@ pub(super) fn unwind_thread(
     })
 }
 
+/// How long resolving a stack's symbols may take past the capture's deadline at most: a
+/// debug build's first capture loads its DWARF, which takes up to seconds (longer than
+/// the monitor's default capture timeout), and a stack cut for that would be cut for
+/// want of time, not of knowledge. Later captures take milliseconds.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+const SYMBOLS_BUDGET: Duration = Duration::from_secs(10);
+
 /// Captures thread `tid`'s stack (see [`unwind_thread`]) and resolves its frames.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 pub(super) fn capture_impl(
@@ -52,21 +59,48 @@ pub(super) fn capture_impl(
     is_last: &dyn Fn(&Frame) -> bool,
     before_recheck: &dyn Fn(),
 ) -> Result<Stack, Error> {
+    // Where the guard's poll frame is, read before the unwind: the thread is in that
+    // poll while it is stuck, and the walk is checked against it.
+    let poll_frame = anchor::of(tid);
     let (mut unwound, method) = unwind_thread(tid, deadline, before_recheck)?;
     let started = Instant::now();
     // Each file's symbols are opened once per stack: the check against the poll frame
-    // reads the names resolved here.
+    // and the look for a thread's entry read the names resolved here.
     let lookups: Vec<(usize, usize)> = unwound.addresses.iter().map(|a| (a.ip, a.lookup)).collect();
-    let mut symbols = symbols::resolve(&lookups, is_last);
-    if let Some(poll_frame) = anchor::of(tid) {
-        check_against_the_poll_frame(&mut unwound, &symbols.frames, poll_frame as u64);
-        symbols.frames.truncate(unwound.addresses.len());
+    let mut symbols = symbols::Session::new();
+    let symbols_deadline = deadline.max(started + SYMBOLS_BUDGET);
+    let mut resolved_frames = symbols.resolve(&lookups, is_last, symbols_deadline);
+    for (address, frames) in unwound.addresses.iter().zip(&mut resolved_frames.frames) {
+        if address.tail {
+            name_the_tail_calling_function_only(frames);
+        }
     }
+    check_against_the_poll_frame(
+        &mut unwound,
+        &resolved_frames.frames,
+        poll_frame.map(|at| at as u64),
+    );
+    resolved_frames.frames.truncate(unwound.addresses.len());
     let addresses = &unwound.addresses;
-    if let (Some(first), Some(innermost)) = (addresses.first(), symbols.frames.first_mut()) {
-        line_of_the_next_statement(first.lookup, innermost);
+    if let (Some(first), Some(innermost)) = (addresses.first(), resolved_frames.frames.first_mut())
+    {
+        line_of_the_next_statement(&mut symbols, first.lookup, innermost, symbols_deadline);
     }
+    let symbols = resolved_frames;
     let resolved = symbols.frames.len();
+    let stopped_early = if symbols.deadline_passed {
+        let unresolved = format!(
+            "the capture's deadline passed while resolving symbols: {} outer frames are left \
+             out",
+            addresses.len() - resolved
+        );
+        Some(match unwound.stopped_early {
+            Some(note) => format!("{note}; and {unresolved}"),
+            None => unresolved,
+        })
+    } else {
+        unwound.stopped_early
+    };
     let frames: Vec<Frame> = symbols.frames.iter().flatten().cloned().collect();
     // What a stack costs the monitor, for docs/performance.md.
     tracing::debug!(
@@ -76,6 +110,12 @@ pub(super) fn capture_impl(
         took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         "stack symbolized"
     );
+    if frames.is_empty() && symbols.deadline_passed {
+        return Err(Error::Deadline {
+            tid,
+            doing: "resolving the stack's symbols",
+        });
+    }
     if frames.is_empty() {
         return Err(Error::Empty);
     }
@@ -83,11 +123,21 @@ pub(super) fn capture_impl(
         frames,
         left_out: addresses.len() - resolved,
         method,
-        stopped_early: unwound
-            .stopped_early
-            .filter(|_| !ends_at_a_thread_entry(addresses)),
+        stopped_early,
+        poll_frame_unread: poll_frame.is_none(),
         missing_symbols: symbols.missing(resolved),
     })
+}
+
+/// The frames at a tail-calling function's jump: only the function (the outermost frame,
+/// at the line of the jump or of the inlined call that holds it), without code inlined
+/// there, which the jump's bytes alone do not vouch for.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn name_the_tail_calling_function_only(frames: &mut Vec<Frame>) {
+    if let Some(function) = frames.pop() {
+        frames.clear();
+        frames.push(function);
+    }
 }
 
 /// Whether `frame` is the guard's poll (`Guarded::poll` or code inlined into it).
@@ -103,18 +153,37 @@ fn is_the_guards_poll(frame: &Frame) -> bool {
             .is_some_and(|f| f.starts_with("<reconcile_watchdog::guard::guarded::Guarded<"))
 }
 
-/// Checks a walk against the stack address the guard recorded in its poll frame: the
-/// walk must have gone through that frame, and found the guard's poll there. A walk that
-/// ended below it says so, unless it said why already; one that found another function
-/// there went astray somewhere below it (each step was vouched for, but the walk as a
-/// whole is not), and keeps only its frames below that address, saying so. Never a stack
-/// shown as whole that did not reach the guard's poll.
+/// Checks a walk against the stack address the guard recorded in its poll frame (read
+/// before the unwind; `None` when it could not be read): the walk must have gone through
+/// that frame, and found the guard's poll there.
+///
+/// Every frame the walk found is exact (from unwind tables on registers it knew, or a
+/// frame record placed exactly by its function's prologue) except those from
+/// `unverified_from` on, found through a record that was only the one place a realigned
+/// frame allows: those are kept only when the walk reaches the guard's poll, named, at
+/// its place. A walk that ended below the poll frame says so, unless it said why already;
+/// one that found another function there went astray, and keeps only its exact frames
+/// below the frame holding that address (all of them, if all are exact), saying so. Never
+/// a stack shown as whole that did not reach the guard's poll.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
 fn check_against_the_poll_frame(
     unwound: &mut unwind::Unwound,
     resolved: &[Vec<Frame>],
-    poll_frame: u64,
+    poll_frame: Option<u64>,
 ) {
+    let Some(poll_frame) = poll_frame else {
+        if let Some(from) = unwound.unverified_from {
+            cut_to(
+                unwound,
+                from,
+                "the guard's poll frame could not be read, so the frame record it was found \
+                 through (one of the places its caller's realigned frame allows) cannot be \
+                 verified"
+                    .to_owned(),
+            );
+        }
+        return;
+    };
     let starts: Vec<(usize, u64)> = unwound
         .frame_starts
         .iter()
@@ -127,7 +196,17 @@ fn check_against_the_poll_frame(
         .find(|pair| pair[0].1 <= poll_frame && poll_frame < pair[1].1)
         .map(|pair| (pair[0].0, pair[1].0));
     let Some((from, to)) = holder else {
-        if unwound.stopped_early.is_none()
+        if let Some(unverified) = unwound.unverified_from {
+            cut_to(
+                unwound,
+                unverified,
+                format!(
+                    "the walk through the frame record found in its caller's realigned frame \
+                     did not reach the guard's poll frame (at {poll_frame:#x} on the stack), so \
+                     it cannot be verified"
+                ),
+            );
+        } else if unwound.stopped_early.is_none()
             && let Some(last) = unwound.addresses.last()
         {
             unwound.stopped_early = Some(format!(
@@ -145,18 +224,58 @@ fn check_against_the_poll_frame(
         .iter()
         .flatten()
         .collect();
-    // Without symbols the frame cannot be told by name: its place is what is checked.
+    // Without symbols the frame cannot be told by name: its place is what is checked,
+    // which is enough for exact frames only.
     let named = frames.iter().any(|f| f.function.is_some());
-    if !named || frames.iter().any(|f| is_the_guards_poll(f)) {
+    let is_the_poll = frames.iter().any(|f| is_the_guards_poll(f));
+    if is_the_poll || (!named && unwound.unverified_from.is_none()) {
+        // A record found in a realigned frame above the poll's is not verified by it.
+        if let Some(unverified) = unwound.unverified_from.filter(|&at| at > from) {
+            cut_to(
+                unwound,
+                unverified,
+                "the frame record found in its caller's realigned frame lies above the \
+                 guard's poll frame, which cannot verify it"
+                    .to_owned(),
+            );
+        }
         return;
     }
-    let keep = from.max(1);
+    let keep = unwound
+        .unverified_from
+        .unwrap_or(from)
+        .clamp(1, from.max(1));
     let below = unwound.addresses[keep - 1].ip;
+    cut_to(
+        unwound,
+        keep,
+        format!(
+            "frames above {below:#x} could not be unwound: the unwind did not go through the \
+             guard's poll frame (at {poll_frame:#x} on the stack){}, so the frames it found above \
+             cannot be vouched for",
+            if named {
+                ""
+            } else {
+                " by name, for want of symbols"
+            }
+        ),
+    );
+}
+
+/// Keeps the first `keep` frames of `unwound`, with `why` as its note.
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
+fn cut_to(unwound: &mut unwind::Unwound, keep: usize, why: String) {
+    let keep = keep.min(unwound.addresses.len());
+    let why = match unwound.addresses.get(keep.wrapping_sub(1)) {
+        Some(below) if !why.starts_with("frames above") => {
+            format!("frames above {:#x} could not be unwound: {why}", below.ip)
+        }
+        _ => why,
+    };
     unwound.addresses.truncate(keep);
     unwound.frame_starts.truncate(keep);
-    unwound.stopped_early = Some(format!(
-        "frames above {below:#x} could not be unwound: the unwind did not go through the guard's poll frame (at {poll_frame:#x} on the stack), so the frames it found above cannot be vouched for"
-    ));
+    unwound.unverified_from = None;
+    unwound.stopped_early = Some(why);
 }
 
 /// How far past an interrupted instruction without a line to look for one.
@@ -168,7 +287,12 @@ const NEXT_LINE_SEARCH: usize = 16;
 /// innermost function's frame (the last of `frames`) then gets the line of the next
 /// instruction of the same function that has one, the statement it was about to run.
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
+fn line_of_the_next_statement(
+    symbols: &mut symbols::Session,
+    pc: usize,
+    frames: &mut [Frame],
+    deadline: Instant,
+) {
     let Some(innermost) = frames.last_mut() else {
         return;
     };
@@ -178,7 +302,7 @@ fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
     let lookups: Vec<(usize, usize)> = (1..=NEXT_LINE_SEARCH)
         .map(|offset| (pc, pc.saturating_add(offset)))
         .collect();
-    let next = symbols::resolve(&lookups, &|_| false);
+    let next = symbols.resolve(&lookups, &|_| false, deadline);
     if let Some(found) = next
         .frames
         .iter()
@@ -191,52 +315,6 @@ fn line_of_the_next_statement(pc: usize, frames: &mut [Frame]) {
     {
         innermost.line = found.line;
     }
-}
-
-/// The functions a thread's stack starts in (glibc's): an unwind that stops there,
-/// whatever the unwinder makes of the frame beyond, has the whole stack.
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-const THREAD_ENTRIES: &[&str] = &[
-    "start_thread",
-    "clone3",
-    "__clone3",
-    "clone",
-    "__clone",
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-];
-
-/// Whether the outermost of `addresses` is in a function a thread starts in, or past
-/// the standard library's thread start with only unnamed frames after it (libc's
-/// `start_thread` and `clone3`, which call it, are not in libc's symbol table on most
-/// distributions: their frames are then unnamed).
-#[cfg(all(feature = "stack-capture", target_os = "linux"))]
-fn ends_at_a_thread_entry(addresses: &[unwind::Address]) -> bool {
-    let outermost: Vec<(usize, usize)> = addresses
-        .iter()
-        .rev()
-        .take(3)
-        .map(|a| (a.ip, a.lookup))
-        .collect();
-    let resolved = symbols::resolve(&outermost, &|_| false);
-    let names = |frames: &Vec<Frame>| -> Vec<String> {
-        frames.iter().filter_map(|f| f.function.clone()).collect()
-    };
-    for frames in &resolved.frames {
-        let names = names(frames);
-        if names
-            .iter()
-            .any(|n| THREAD_ENTRIES.contains(&n.as_str()) || n.ends_with("::thread_start"))
-        {
-            return true;
-        }
-        // An unnamed frame outside the standard library's start: go on inwards.
-        if !names.is_empty() {
-            return false;
-        }
-    }
-    false
 }
 
 /// The capture lock, waited for until `deadline` at most. A capture that panicked

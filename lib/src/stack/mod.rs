@@ -19,6 +19,8 @@ pub(crate) mod anchor;
 mod capture;
 mod kernel;
 #[cfg(all(feature = "stack-capture", target_os = "linux"))]
+mod maps;
+#[cfg(all(feature = "stack-capture", target_os = "linux"))]
 mod parked;
 #[cfg(all(test, feature = "stack-capture", target_os = "linux"))]
 mod robustness;
@@ -160,7 +162,7 @@ pub enum Error {
     /// The thread is running, but not known to have an alternate signal stack for the
     /// capture's handler (threads the guard polls on get one): it is not signalled.
     #[error(
-        "thread {tid} has no alternate signal stack known to the capture (the guard gives one to the threads it polls on); not signalling it"
+        "thread {tid} has no alternate signal stack known to the capture, or none large enough (the guard gives one to the threads it polls on); not signalling it"
     )]
     NoAlternateStack {
         /// The kernel thread id.
@@ -257,9 +259,13 @@ pub struct Stack {
     /// How it was captured.
     pub method: Method,
     /// Why the unwind stopped before the thread's outermost frame, when it did (a
-    /// frame without unwind information, a frame pointer or return address that leads
-    /// out of the stack): the frames shown are still right.
+    /// frame without unwind information, a step that could not be vouched for, a walk
+    /// that did not go through the guard's poll frame): the frames shown are still right.
     pub stopped_early: Option<String>,
+    /// Whether the guard's poll frame could not be read for the thread (it was in no
+    /// guarded poll, or its registration could not be read in time): the walk was then
+    /// not checked against it, and ends where a step would need that check.
+    pub poll_frame_unread: bool,
     /// The files whose frames above show addresses or bare names for want of
     /// symbols, with what resolves them offline.
     pub missing_symbols: Vec<MissingSymbols>,
@@ -318,6 +324,11 @@ impl fmt::Display for Stack {
         }
         if let Some(reason) = &self.stopped_early {
             write!(f, "\n     ({reason})")?;
+        }
+        if self.poll_frame_unread {
+            f.write_str(
+                "\n     (not checked against the guard's poll frame, which could not be read)",
+            )?;
         }
         for missing in &self.missing_symbols {
             write!(f, "\n     ({missing})")?;
@@ -585,6 +596,42 @@ mod tests {
         // From the registers the signal recorded, the unwind reaches the thread's root.
         assert_eq!(stack.stopped_early, None, "{stack}");
         assert!(stack.mentions("std::thread"), "{stack}");
+        stop.store(true, Ordering::Relaxed);
+        handle.join().unwrap();
+    }
+
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_running_thread_with_a_2_kib_alternate_stack_of_its_own_is_captured_on_one_that_fits() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::channel();
+        let handle = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut theirs = vec![0u8; 2048];
+                let small = libc::stack_t {
+                    ss_sp: theirs.as_mut_ptr().cast(),
+                    ss_flags: 0,
+                    ss_size: theirs.len(),
+                };
+                // SAFETY: `theirs` outlives the stack's use: it is disabled below first.
+                assert_eq!(
+                    unsafe { libc::sigaltstack(&small, std::ptr::null_mut()) },
+                    0
+                );
+                let ready = alt_stack::prepare();
+                tx.send(crate::guard::kernel_tid().unwrap()).unwrap();
+                spinning_without_a_break(&stop);
+                drop(ready);
+                alt_stack::tests::drop_alternate_stack();
+                drop(theirs);
+            })
+        };
+        let tid = rx.recv().unwrap();
+        // A handler on the 2 KiB stack would overflow it (the kernel's signal frame alone
+        // is larger on CPUs with wide vector registers) and kill the process.
+        let stack = capture_eventually(tid, |s| s.mentions("spinning_without_a_break"));
+        assert_eq!(stack.method, Method::Signal, "{stack}");
         stop.store(true, Ordering::Relaxed);
         handle.join().unwrap();
     }

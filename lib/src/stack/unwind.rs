@@ -14,6 +14,8 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
+pub(super) use super::maps::Maps;
+
 /// How much of a stack one capture copies, from the stack pointer up: far more than
 /// any stack a hang report shows.
 const MAX_STACK_COPY: u64 = 1 << 20;
@@ -35,6 +37,10 @@ pub(super) struct Registers {
 pub(super) struct Address {
     pub(super) ip: usize,
     pub(super) lookup: usize,
+    /// A frame shown for a tail call: the jump of the function that jumped to the frame
+    /// below, which left no frame of its own. Only that function is named there, never
+    /// code inlined into it.
+    pub(super) tail: bool,
 }
 
 /// The frames of one unwind, innermost first, and why it stopped before the thread's
@@ -47,6 +53,23 @@ pub(super) struct Unwound {
     /// the others (a frame shown for a tail call has none of its own).
     pub(super) frame_starts: Vec<Option<u64>>,
     pub(super) stopped_early: Option<String>,
+    /// The first of `addresses` found through a frame record that is not known exactly
+    /// (one of a few places a realigning prologue allows, the only one that holds a
+    /// record of a call of its function): it and the frames above are shown only when
+    /// the walk reaches the guard's poll frame where the guard recorded it.
+    pub(super) unverified_from: Option<usize>,
+    /// Whether the walk ended at a frame whose caller is found through its frame
+    /// pointer, which it did not have.
+    needs_frame_pointer: bool,
+}
+
+impl Unwound {
+    /// These frames, ending with a note saying why the frames above could not be shown.
+    fn cut(mut self, why: String) -> Self {
+        self.stopped_early = Some(why);
+        self.needs_frame_pointer = false;
+        self
+    }
 }
 
 /// Why a stack could not be unwound.
@@ -175,91 +198,6 @@ impl StackCopy {
     }
 }
 
-/// One line of `/proc/self/maps`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Mapping {
-    range: Range<u64>,
-    executable: bool,
-    offset: u64,
-    path: Option<String>,
-}
-
-/// The mappings of this process, by start address.
-#[derive(Default)]
-pub(super) struct Maps(Vec<Mapping>);
-
-impl Maps {
-    pub(super) fn read() -> io::Result<Self> {
-        let text = std::fs::read_to_string("/proc/self/maps")?;
-        Ok(Self(text.lines().filter_map(parse_mapping).collect()))
-    }
-
-    /// The file that `address` lies in, and where in the file, if that file is still
-    /// there (not `[vdso]`, not deleted).
-    pub(super) fn file_offset(&self, address: u64) -> Option<(&str, u64)> {
-        let mapping = self.containing(address)?;
-        let path = mapping
-            .path
-            .as_deref()
-            .filter(|p| p.starts_with('/') && !p.ends_with(" (deleted)"))?;
-        Some((path, mapping.offset + (address - mapping.range.start)))
-    }
-
-    /// The mapping `address` is in: its range, whether it is executable, whether it
-    /// maps a file.
-    pub(super) fn mapping_of(&self, address: u64) -> Option<(Range<u64>, bool, bool)> {
-        let m = self.containing(address)?;
-        let is_file = m.path.as_deref().is_some_and(|p| p.starts_with('/'));
-        Some((m.range.clone(), m.executable, is_file))
-    }
-
-    fn containing(&self, address: u64) -> Option<&Mapping> {
-        self.0.iter().find(|m| m.range.contains(&address))
-    }
-
-    /// The files mapped with code, each with its mappings, and the vDSO (the kernel's
-    /// code in every process, `clock_gettime` among it): what the unwinder needs unwind
-    /// tables from.
-    fn code_files(&self) -> Vec<(String, Vec<&Mapping>)> {
-        let mut files: Vec<(String, Vec<&Mapping>)> = Vec::new();
-        for mapping in &self.0 {
-            let Some(path) = mapping
-                .path
-                .as_deref()
-                .filter(|p| p.starts_with('/') || *p == VDSO)
-            else {
-                continue;
-            };
-            match files.iter_mut().find(|(p, _)| p == path) {
-                Some((_, mappings)) => mappings.push(mapping),
-                None => files.push((path.to_owned(), vec![mapping])),
-            }
-        }
-        files.retain(|(_, mappings)| mappings.iter().any(|m| m.executable));
-        files
-    }
-}
-
-/// The vDSO's name in `/proc/self/maps`.
-const VDSO: &str = "[vdso]";
-
-/// `start-end perms offset dev inode [path]`.
-fn parse_mapping(line: &str) -> Option<Mapping> {
-    let mut fields = line.splitn(6, ' ');
-    let (start, end) = fields.next()?.split_once('-')?;
-    let perms = fields.next()?;
-    let offset = fields.next()?;
-    let _dev = fields.next()?;
-    let _inode = fields.next()?;
-    let path = fields.next().map(str::trim).filter(|p| !p.is_empty());
-    Some(Mapping {
-        range: u64::from_str_radix(start, 16).ok()?..u64::from_str_radix(end, 16).ok()?,
-        executable: perms.as_bytes().get(2) == Some(&b'x'),
-        offset: u64::from_str_radix(offset, 16).ok()?,
-        path: path.map(str::to_owned),
-    })
-}
-
 /// The unwinder of this architecture over the unwind tables of the mapped files, kept
 /// between captures (reading them is the slow part).
 pub(super) struct Unwinder {
@@ -293,8 +231,8 @@ impl Unwinder {
     }
 
     /// Unwinds `stack` from `registers` with the tables read by [`Self::update`]. Without
-    /// a frame pointer (a parked thread), each frame record on the stack is tried as one
-    /// and the walk that explains the stack furthest is kept.
+    /// a frame pointer (a parked thread), the first frame that needs one has its frame
+    /// record placed from its function's prologue, or the walk ends there with a note.
     #[cfg_attr(
         not(any(target_arch = "x86_64", target_arch = "aarch64")),
         allow(clippy::unused_self, unused_variables)
@@ -335,15 +273,18 @@ mod native {
     use framehop::{ExplicitModuleSectionInfo, Module, Unwinder as _};
     use object::{Object, ObjectSection, ObjectSegment};
 
-    use super::super::vouch::{Call, Code, Functions, Starts, frame_record_offset};
-    use super::{Address, Failure, Mapping, Maps, Registers, StackCopy, Unwound, past};
+    use super::super::maps::{Mapping, VDSO};
+    use super::super::vouch::{Call, Code, Functions, Starts, frame_record_place};
+    use super::{Address, Failure, Maps, Registers, StackCopy, Unwound, past};
 
-    /// How many frame records a capture tries as the frame pointer.
-    const MAX_FRAME_POINTER_CANDIDATES: usize = 64;
+    /// The frame pointer a walk without one starts from: no stack is there, so a step
+    /// that reads at it (or just beside it) is one that needed the frame pointer.
+    const NO_FRAME_POINTER: u64 = (u64::MAX - 0xffff) & !0xf;
 
-    /// How far above the stack pointer a frame record is searched for: the record of the
-    /// first frame that needs one is in that frame or just above its callees'.
-    const MAX_RECORD_SEARCH: u64 = 256 * 1024;
+    /// Whether `at`, where a step could not read, was reached from [`NO_FRAME_POINTER`].
+    fn near_no_frame_pointer(at: u64) -> bool {
+        at >= NO_FRAME_POINTER - 0x1_0000
+    }
 
     /// The unwinder over the files read so far, and which files (path and first
     /// address) those are, with tables or without.
@@ -396,100 +337,94 @@ mod native {
             deadline: Instant,
         ) -> Result<Unwound, Failure> {
             if let Some(fp) = registers.fp {
-                return self.walk(maps, registers, fp, stack, max_frames, None);
+                return self.walk(maps, registers, fp, stack, max_frames, deadline);
             }
             // The frame pointer is not in the `syscall` file, and code built with frame
             // pointers (the Rust standard library is) finds its caller's frame through
-            // it. Every frame record on the stack (a saved frame pointer that points
-            // further up the stack, beside a return address into code) is a candidate
-            // for it, but a record can be stale: left by calls that have returned, in
-            // memory a later frame never wrote. The step that takes a candidate as the
-            // frame pointer must be a direct call of the function below it, the one
-            // kind of step that a stale record cannot pass by chance; each later step
-            // is checked too. Of the candidates, the walk vouched for furthest is taken
-            // (the innermost of equals), and the walk without one when none beats it.
-            let mut best = self.walk(maps, registers, 0, stack, max_frames, None)?;
-            let without = best.addresses.clone();
-            let Some(needs_fp) = without.last().copied() else {
-                return Ok(best);
+            // it: the walk without it ends at the first such frame. That frame's record
+            // (its caller's frame pointer and its return address) is where its
+            // prologue put it, a fixed distance above its stack pointer, which is just
+            // above the slot of the return address into it: when the prologue is one
+            // parsed whole, the record is known exactly, and no stale record can be
+            // taken for it. Nothing is searched for: a record found by searching could
+            // be one left by an earlier call that has returned.
+            let without = self.walk(
+                maps,
+                registers,
+                NO_FRAME_POINTER,
+                stack,
+                max_frames,
+                deadline,
+            )?;
+            if !without.needs_frame_pointer {
+                return Ok(without);
+            }
+            let index = without.addresses.len() - 1;
+            let needs_fp = without.addresses[index];
+            // Its stack pointer: the thread's for the innermost frame, else just above
+            // the slot the return address into it was read from.
+            let sp = if index == 0 {
+                Some(registers.sp)
+            } else {
+                without.frame_starts[index].map(|slot| slot + 8)
             };
             let code = Code {
                 maps,
                 memory: &stack.memory,
             };
-            // Where the frame that needs it keeps its record, when its prologue says: its
-            // stack pointer is just above the slot of the return address into it, and
-            // the record a fixed distance above that. No stale record can be there.
-            if let Some(record) = self.exact_record(&code, stack, &without) {
-                let walk = self.walk(maps, registers, record, stack, max_frames, None)?;
-                if walk.addresses.len() > without.len() {
-                    return Ok(walk);
-                }
-            }
-            // The record of the frame that needs the frame pointer holds a return address
-            // after a call of that frame's function: only such records are walked from.
-            // (Its saved frame pointer is not checked: a caller built without frame
-            // pointers saves whatever the register held.)
-            let records: Vec<u64> = frame_records(maps, stack)
-                .take_while(|&at| at - stack.start < MAX_RECORD_SEARCH && Instant::now() < deadline)
-                .filter(|&at| {
-                    stack.word(at + 8).is_ok_and(|ret| {
-                        matches!(
-                            self.starts.vouch(&code, needs_fp.lookup as u64, ret),
-                            Ok(Call::Direct | Call::Tail(_))
-                        )
-                    })
-                })
-                .take(MAX_FRAME_POINTER_CANDIDATES)
-                .collect();
-            for fp in records {
-                if Instant::now() >= deadline {
-                    if best.stopped_early.is_some() {
-                        best.stopped_early = Some(
-                            "frames above could not be unwound: the capture deadline passed \
-                             while searching for the frame pointer"
-                                .to_owned(),
-                        );
-                    }
-                    break;
-                }
-                let walk = self.walk(maps, registers, fp, stack, max_frames, Some(&without))?;
-                if walk.addresses.len() > best.addresses.len() {
-                    best = walk;
-                }
-            }
-            // The walk without a frame pointer ends where one was needed, even when the
-            // unwinder takes its absence for the outermost frame: it says so (the capture
-            // drops the note when that frame is where threads start).
-            if best.addresses.len() == without.len() && best.stopped_early.is_none() {
-                best.stopped_early = Some(format!(
-                    "frames above {:#x} could not be unwound: no frame record on the stack \
-                     could be vouched for as its caller's",
-                    needs_fp.ip
-                ));
-            }
-            Ok(best)
-        }
-
-        /// The address of the frame record of the outermost of `frames` (found without
-        /// a frame pointer), from its function's prologue and the return address into
-        /// it on the stack.
-        fn exact_record(
-            &self,
-            code: &Code<'_>,
-            stack: &StackCopy,
-            frames: &[Address],
-        ) -> Option<u64> {
-            let [.., _, needs_fp] = frames else {
-                return None;
+            let ip = needs_fp.ip;
+            let Some((sp, start)) = sp.zip(self.starts.start_of(needs_fp.lookup as u64)) else {
+                return Ok(without.cut(format!(
+                    "frames above {ip:#x} could not be unwound: its caller is found through \
+                     its frame pointer, and where its function starts is not known"
+                )));
             };
-            let start = self.starts.start_of(needs_fp.lookup as u64)?;
-            let offset = frame_record_offset(code, start)?;
-            let end = stack.start + stack.bytes.len() as u64;
-            let slot = (stack.start..end.saturating_sub(8))
-                .step_by(8)
-                .find(|&at| stack.word(at) == Ok(needs_fp.ip as u64))?;
-            Some(slot + 8 + offset)
+            let Some(place) = frame_record_place(&code, start) else {
+                return Ok(without.cut(format!(
+                    "frames above {ip:#x} could not be unwound: its caller is found through \
+                     its frame pointer, and its function's prologue (at {start:#x}) is not \
+                     one the unwinder parses whole, so where its frame record is is not known"
+                )));
+            };
+            let low = sp + place.offset;
+            let records: Vec<u64> = if place.slack == 0 {
+                vec![low]
+            } else {
+                // A realigned frame: its record is 16-byte aligned (the stack pointer at
+                // the call, less the return address and the saved frame pointer) within
+                // the alignment, and holds a return address after a call that could be
+                // of its function. The only such place is taken, to be verified.
+                (low.next_multiple_of(16)..=low + place.slack)
+                    .step_by(16)
+                    .filter(|&at| {
+                        stack
+                            .word(at + 8)
+                            .is_ok_and(|ret| self.starts.could_call(&code, start, ret))
+                    })
+                    .collect()
+            };
+            let [record] = records[..] else {
+                return Ok(without.cut(format!(
+                    "frames above {ip:#x} could not be unwound: its function's prologue (at \
+                     {start:#x}) realigns the stack, and {} places within the alignment \
+                     could hold its frame record",
+                    records.len()
+                )));
+            };
+            let mut walk = self.walk(maps, registers, record, stack, max_frames, deadline)?;
+            if walk.addresses.len() <= without.addresses.len()
+                || walk.addresses[..without.addresses.len()] != without.addresses[..]
+            {
+                return Ok(without.cut(format!(
+                    "frames above {ip:#x} could not be unwound: its frame record, where its \
+                     prologue puts it ({record:#x}), does not lead to a caller that can be \
+                     vouched for"
+                )));
+            }
+            if place.slack != 0 {
+                walk.unverified_from = Some(without.addresses.len());
+            }
+            Ok(walk)
         }
 
         #[cfg(target_arch = "x86_64")]
@@ -509,9 +444,7 @@ mod native {
         }
 
         /// One walk from `registers`, with `fp` as the frame pointer, each step vouched
-        /// for before its frame is kept. With `guessed_past`, `fp` is a guess: the first
-        /// step where this walk leaves those frames (the walk without a frame pointer)
-        /// is the one that took the guess, and must be a direct call.
+        /// for before its frame is kept, until `deadline`.
         fn walk(
             &mut self,
             maps: &Maps,
@@ -519,7 +452,7 @@ mod native {
             fp: u64,
             stack: &StackCopy,
             max_frames: usize,
-            guessed_past: Option<&[Address]>,
+            deadline: Instant,
         ) -> Result<Unwound, Failure> {
             let regs = self.regs(registers, fp)?;
             // The words each step reads, to tell which slot its return address was in.
@@ -540,20 +473,34 @@ mod native {
             };
             let mut out = Unwound::default();
             while out.addresses.len() < max_frames {
+                if Instant::now() >= deadline {
+                    out.stopped_early = Some(format!(
+                        "frames above {:#x} were not unwound: the capture's deadline passed",
+                        out.addresses.last().map_or(registers.pc, |a| a.ip as u64)
+                    ));
+                    break;
+                }
                 reads.borrow_mut().clear();
                 let frame = match frames.next() {
                     Ok(Some(frame)) => frame,
-                    // The outermost frame, or one whose caller is marked as none.
+                    // The outermost frame, or one whose caller is marked as none (a walk
+                    // from NO_FRAME_POINTER does not end here for want of one: the
+                    // frame-pointer rule reads at it and fails).
                     Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break,
                     // An error ends the walk where it is: the frames so far are still true.
                     Err(error) => {
-                        out.stopped_early = Some(describe(error, out.addresses.last()));
+                        if fp == NO_FRAME_POINTER && needed_the_frame_pointer(&error) {
+                            out.needs_frame_pointer = true;
+                        } else {
+                            out.stopped_early = Some(describe(error, out.addresses.last()));
+                        }
                         break;
                     }
                 };
                 let address = Address {
                     ip: usize::try_from(frame.address()).unwrap_or(usize::MAX),
                     lookup: usize::try_from(frame.address_for_lookup()).unwrap_or(usize::MAX),
+                    tail: false,
                 };
                 let frame_start = if out.addresses.is_empty() {
                     Some(registers.sp)
@@ -566,38 +513,27 @@ mod native {
                         .map(|(at, _)| *at)
                 };
                 if let Some(below) = out.addresses.last() {
-                    let index = out.addresses.len();
-                    let takes_the_guess = guessed_past.is_some_and(|without| {
-                        without[..index.min(without.len())] == out.addresses[..]
-                            && without.get(index) != Some(&address)
-                    });
                     match self
                         .starts
                         .vouch(&code, below.lookup as u64, address.ip as u64)
                     {
-                        Ok(Call::Direct) => {}
-                        // The tail-calling function is shown where its frame would be: it
-                        // was called, and its last act was to jump to the frame below.
-                        Ok(Call::Tail(start)) => {
-                            let start = usize::try_from(start).unwrap_or(usize::MAX);
+                        // A caller found by the unwind tables from registers the walk
+                        // knows: the call is what it is, direct or not.
+                        Ok(Call::Direct | Call::Indirect) => {}
+                        // The tail-calling function is shown where its frame would be, at
+                        // its jump: it was called, and its last act was that jump to the
+                        // frame below.
+                        Ok(Call::Tail(jump)) => {
+                            let jump = usize::try_from(jump).unwrap_or(usize::MAX);
                             out.addresses.push(Address {
-                                ip: start,
-                                lookup: start,
+                                ip: jump,
+                                lookup: jump,
+                                tail: true,
                             });
                             out.frame_starts.push(None);
                             if out.addresses.len() >= max_frames {
                                 break;
                             }
-                        }
-                        Ok(Call::Indirect) if !takes_the_guess => {}
-                        Ok(Call::Indirect) => {
-                            out.stopped_early = Some(format!(
-                                "frames above {:#x} could not be unwound: its caller was found \
-                                 from a frame record on the stack, and the call before {:#x} \
-                                 is indirect, so the record cannot be told from a stale one",
-                                below.ip, address.ip
-                            ));
-                            break;
                         }
                         Err(why) => {
                             out.stopped_early = Some(format!(
@@ -612,6 +548,16 @@ mod native {
                 out.frame_starts.push(frame_start);
             }
             Ok(out)
+        }
+    }
+
+    /// Whether a walk started from [`NO_FRAME_POINTER`] stopped with `error` because a
+    /// step needed the frame pointer.
+    fn needed_the_frame_pointer(error: &framehop::Error) -> bool {
+        match error {
+            framehop::Error::CouldNotReadStack(at) => near_no_frame_pointer(*at),
+            framehop::Error::IntegerOverflow => true,
+            _ => false,
         }
     }
 
@@ -638,7 +584,7 @@ mod native {
     /// `.eh_frame`, read from the file (the vDSO's from memory). None when it has none
     /// or cannot be read.
     fn module(path: &str, mappings: &[&Mapping]) -> Option<(Module<Arc<[u8]>>, Functions)> {
-        if path == super::VDSO {
+        if path == VDSO {
             // Not a file: its ELF image is the mapping itself, read like a stack.
             let mapping = mappings.iter().find(|m| m.executable)?;
             let length = usize::try_from(mapping.range.end - mapping.range.start).ok()?;
@@ -706,6 +652,11 @@ mod native {
             eh_frame_hdr.clone().unwrap_or_else(|| Arc::from(&[][..])),
             range(".eh_frame").map_or(0, |r| r.start),
             eh_frame.clone(),
+            [".plt", ".plt.sec", ".plt.got"]
+                .into_iter()
+                .filter_map(&range)
+                .map(|r| r.start.wrapping_add(bias)..r.end.wrapping_add(bias))
+                .collect(),
         );
         let info = ExplicitModuleSectionInfo {
             base_svma: 0,
@@ -724,68 +675,5 @@ mod native {
             text_segment: None,
         };
         Some((Module::new(path.to_owned(), avma, bias, info), functions))
-    }
-
-    /// The addresses on `stack`, innermost first, that could hold a frame record: a word,
-    /// then a return address into code.
-    fn frame_records<'a>(maps: &'a Maps, stack: &'a StackCopy) -> impl Iterator<Item = u64> + 'a {
-        let end = stack.start + stack.bytes.len() as u64;
-        (stack.start..end.saturating_sub(8))
-            .step_by(8)
-            .filter(move |&at| {
-                stack
-                    .word(at + 8)
-                    .is_ok_and(|ret| maps.containing(ret).is_some_and(|m| m.executable))
-            })
-    }
-}
-
-/// How many distinct code files are mapped (for tests of the table cache).
-#[cfg(test)]
-fn code_file_count() -> usize {
-    Maps::read().map(|m| m.code_files().len()).unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_file_offset_names_a_mapped_file_that_is_still_there() {
-        let maps = Maps(
-            [
-                "7f12a000-7f12c000 r-xp 00028000 08:01 1234   /usr/lib/libc.so.6",
-                "7f0-7f1 r-xp 00000000 00:00 0   [vdso]",
-                "8f0-8f1 r-xp 00000000 00:00 0",
-                "9f0-9f1 r-xp 00000000 08:01 9 /opt/op (deleted)",
-            ]
-            .into_iter()
-            .filter_map(parse_mapping)
-            .collect(),
-        );
-        assert_eq!(
-            maps.file_offset(0x7f12a010),
-            Some(("/usr/lib/libc.so.6", 0x28010))
-        );
-        assert_eq!(maps.file_offset(0x7f0), None, "[vdso]");
-        assert_eq!(maps.file_offset(0x8f0), None, "no file");
-        assert_eq!(maps.file_offset(0x9f0), None, "deleted");
-        assert_eq!(maps.file_offset(0x1), None, "not mapped");
-    }
-
-    #[test]
-    fn maps_lines_parse() {
-        let m = parse_mapping(
-            "55d0a000-55d0b000 r-xp 00001000 08:01 1234                       /usr/bin/x",
-        )
-        .unwrap();
-        assert_eq!(m.range, 0x55d0_a000..0x55d0_b000);
-        assert!(m.executable);
-        assert_eq!(m.offset, 0x1000);
-        assert_eq!(m.path.as_deref(), Some("/usr/bin/x"));
-        let anonymous = parse_mapping("7ffc0000-7ffd0000 rw-p 00000000 00:00 0").unwrap();
-        assert!(!anonymous.executable);
-        assert_eq!(anonymous.path, None);
-        assert!(code_file_count() >= 1, "this test binary maps its own code");
     }
 }

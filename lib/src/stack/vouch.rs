@@ -1,21 +1,27 @@
 //! Vouches for each step of an unwind before it is shown: the return address must follow
 //! a call instruction, and a direct call must call the function of the frame below.
 //!
-//! A stack searched for frame records can hold records that are stale (left by calls
-//! that have returned, in memory a later frame never wrote): a walk through them is a
-//! plausible chain of functions that are not on the call chain. The crash-report
-//! scanners' checks tell them apart: a return address is the address after a call, and
-//! when the call is direct its target is where the callee starts. The callee's start is
+//! These checks catch a walk that went astray (a wrong frame record, code without unwind
+//! information) at the first step that does not fit; they cannot tell a stale frame
+//! record (left by a call that has returned) from a live one, which is why the unwinder
+//! never searches the stack for records. A return address is the address after a call,
+//! and when the call is direct its target is where the callee starts. The callee's start is
 //! taken from its unwind table entry (`.eh_frame_hdr`'s sorted table and the FDE's
 //! range), which every module the unwinder can step through has, stripped or not; a
 //! symbol table would be missing from a stripped binary. Code is read through
-//! `/proc/self/mem` and only inside executable mappings, so odd addresses fail cleanly.
+//! `/proc/self/mem` and only inside executable mappings of loaded objects (GOT slots
+//! inside their other mappings), so odd addresses fail cleanly and no page of a data
+//! file is ever touched.
+//!
+//! It also places a frame record from its function's prologue (see [`RecordPlace`]),
+//! when the prologue is one it parses completely: any instruction it does not know
+//! there means "unknown", never a distance.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use super::unwind::Maps;
+use super::maps::Maps;
 
 /// How a step was vouched for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,8 +29,8 @@ pub(super) enum Call {
     /// A direct call (through a PLT stub or a GOT slot, if so) of the frame below's
     /// function.
     Direct,
-    /// A direct call of the function that starts at this address, whose code ends in a
-    /// jump to the frame below's function: a tail call, which left no frame of its own.
+    /// A direct call of a function whose code jumps to the frame below's function, at
+    /// this address (its jump instruction): a tail call, which left no frame of its own.
     Tail(u64),
     /// An indirect call: its target cannot be checked.
     Indirect,
@@ -40,6 +46,9 @@ pub(super) struct Functions {
     hdr: Arc<[u8]>,
     eh_frame_svma: u64,
     eh_frame: Arc<[u8]>,
+    /// Where its PLT stubs are (`.plt`, `.plt.sec`, `.plt.got`), as mapped: the only
+    /// code a call is followed through to the function a GOT slot holds.
+    stubs: Vec<std::ops::Range<u64>>,
 }
 
 impl Functions {
@@ -50,6 +59,7 @@ impl Functions {
         hdr: Arc<[u8]>,
         eh_frame_svma: u64,
         eh_frame: Arc<[u8]>,
+        stubs: Vec<std::ops::Range<u64>>,
     ) -> Self {
         Self {
             code,
@@ -58,6 +68,7 @@ impl Functions {
             hdr,
             eh_frame_svma,
             eh_frame,
+            stubs,
         }
     }
 
@@ -205,12 +216,12 @@ pub(super) struct Code<'a> {
 }
 
 impl Code<'_> {
-    /// The bytes at `address`, when they all lie in one mapping that is executable (or,
-    /// with `executable` false, in one mapping of a file).
+    /// The bytes at `address`, when they all lie in one mapping of a loaded object that
+    /// is executable (or, with `executable` false, any of its mappings: a GOT slot).
     fn read<const N: usize>(&self, address: u64, executable: bool) -> Option<[u8; N]> {
         let last = address.checked_add(N as u64 - 1)?;
-        let (range, is_executable, is_file) = self.maps.mapping_of(address)?;
-        let fits = range.contains(&last) && if executable { is_executable } else { is_file };
+        let (range, is_executable) = self.maps.of_loaded_object(address)?;
+        let fits = range.contains(&last) && (is_executable || !executable);
         if !fits {
             return None;
         }
@@ -224,7 +235,7 @@ impl Code<'_> {
 impl Code<'_> {
     /// `length` bytes at `address`, all in one executable mapping.
     fn read_vec(&self, address: u64, length: u64) -> Option<Vec<u8>> {
-        let (range, executable, _) = self.maps.mapping_of(address)?;
+        let (range, executable) = self.maps.of_loaded_object(address)?;
         if !executable || !range.contains(&address.checked_add(length.checked_sub(1)?)?) {
             return None;
         }
@@ -250,6 +261,37 @@ impl Starts {
         self.range_of(address).map(|(start, _)| start)
     }
 
+    /// Whether `address` is in a module's PLT stubs.
+    fn is_stub(&self, address: u64) -> bool {
+        self.0
+            .iter()
+            .any(|f| f.stubs.iter().any(|stubs| stubs.contains(&address)))
+    }
+
+    /// Where the PLT stub at `target` jumps, when `target` is one.
+    fn through_stub(&self, code: &Code<'_>, target: u64) -> Option<u64> {
+        self.is_stub(target)
+            .then(|| through_stub(code, target))
+            .flatten()
+    }
+
+    /// Whether the call before `return_address` could have called the function that
+    /// starts at `start`: a direct call of it (through a PLT stub, if so), a call of a
+    /// function that jumps to it, or an indirect call, whose target cannot be told.
+    pub(super) fn could_call(&self, code: &Code<'_>, start: u64, return_address: u64) -> bool {
+        match call_before(code, return_address) {
+            None => false,
+            Some(Target::Unknown) => true,
+            Some(Target::At(target)) => {
+                // Bytes of a direct call can also end an indirect one.
+                target == start
+                    || self.through_stub(code, target) == Some(start)
+                    || indirect_call_ends_at_return(code, return_address)
+                    || self.jumps_to(code, target, start).is_some()
+            }
+        }
+    }
+
     /// Vouches that `return_address` follows a call of the function that
     /// `callee_address` (an address inside the frame below) is in: how, or why not.
     pub(super) fn vouch(
@@ -269,12 +311,14 @@ impl Starts {
         match found {
             Target::Unknown => Ok(Call::Indirect),
             Target::At(target) if target == start => Ok(Call::Direct),
-            Target::At(target) => match through_stub(code, target) {
+            Target::At(target) => match self.through_stub(code, target) {
                 Some(resolved) if resolved == start => Ok(Call::Direct),
-                _ if self.jumps_to(code, target, start) => Ok(Call::Tail(target)),
-                _ => Err(format!(
-                    "the call before {return_address:#x} is to {target:#x}, not to the function at {start:#x}"
-                )),
+                _ => match self.jumps_to(code, target, start) {
+                    Some(jump) => Ok(Call::Tail(jump)),
+                    None => Err(format!(
+                        "the call before {return_address:#x} is to {target:#x}, not to the function at {start:#x}"
+                    )),
+                },
             },
         }
     }
@@ -290,10 +334,12 @@ const SHORT_TAIL_CALL_SEARCH: u64 = 32;
 
 impl Starts {
     /// Whether the function that starts at `caller` jumps to `callee` (directly, or
-    /// through a GOT slot or PLT stub): a tail call. The jump's 4-byte displacement must
-    /// land exactly on `callee`, which bytes that are not a jump match only by chance.
+    /// through a GOT slot or a PLT stub): a tail call. The jump's 4-byte displacement
+    /// must land exactly on `callee` (or on a PLT stub whose slot holds it), which bytes
+    /// that are not a jump match only by chance. A jump to another function that jumps
+    /// on is not one: the function between would be missing.
     #[cfg(target_arch = "x86_64")]
-    fn jumps_to(&self, code: &Code<'_>, caller: u64, callee: u64) -> bool {
+    fn jumps_to(&self, code: &Code<'_>, caller: u64, callee: u64) -> Option<u64> {
         // A function that only sets arguments and jumps may have no unwind entry of its
         // own (it never moves the stack pointer): its first bytes are searched then.
         let (start, length) = self
@@ -301,18 +347,14 @@ impl Starts {
             .filter(|&(start, _)| start == caller)
             .unwrap_or((caller, SHORT_TAIL_CALL_SEARCH));
         let length = length.min(MAX_TAIL_CALL_SEARCH);
-        let Some(body) = code.read_vec(start, length) else {
-            return false;
-        };
+        let body = code.read_vec(start, length)?;
         let rel = |b: [u8; 4]| i64::from(i32::from_le_bytes(b));
-        (0..body.len()).any(|at| {
+        let jumps = |at: usize| {
             let next = |size: usize| start + (at + size) as u64;
             match body[at..] {
                 [0xe9, a, b, c, d, ..] => {
                     let target = next(5).wrapping_add_signed(rel([a, b, c, d]));
-                    target == callee
-                        || (!(start..start + length).contains(&target)
-                            && through_stub(code, target) == Some(callee))
+                    target == callee || self.through_stub(code, target) == Some(callee)
                 }
                 [0xff, 0x25, a, b, c, d, ..] => {
                     let slot = next(6).wrapping_add_signed(rel([a, b, c, d]));
@@ -320,41 +362,74 @@ impl Starts {
                 }
                 _ => false,
             }
-        })
+        };
+        (0..body.len())
+            .find(|&at| jumps(at))
+            .map(|at| start + at as u64)
     }
 
     /// Tail calls are not searched for on aarch64: a walk stops at one.
     #[cfg(target_arch = "aarch64")]
     #[allow(clippy::unused_self)]
-    fn jumps_to(&self, _code: &Code<'_>, _caller: u64, _callee: u64) -> bool {
-        false
+    fn jumps_to(&self, _code: &Code<'_>, _caller: u64, _callee: u64) -> Option<u64> {
+        None
     }
 }
 
-/// How far below its frame record the stack pointer of the function at `start` is once
-/// its prologue has run, when the prologue is the usual one of code with frame pointers
-/// (`push %rbp; mov %rsp,%rbp`, pushes of saved registers, `sub $N,%rsp`): the record of
-/// a frame of it is then known exactly from its stack pointer, not searched for.
-#[cfg(target_arch = "x86_64")]
-pub(super) fn frame_record_offset(code: &Code<'_>, start: u64) -> Option<u64> {
-    let bytes: [u8; 32] = code.read(start, true)?;
-    prologue_record_offset(&bytes)
+/// Where a frame record of a function is, from the stack pointer of its frame once its
+/// prologue has run: between `sp + offset` and `sp + offset + slack` (slack is 0 unless
+/// the prologue realigns the stack pointer, which moves it down by up to the alignment
+/// less one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RecordPlace {
+    pub(super) offset: u64,
+    pub(super) slack: u64,
 }
 
-/// [`frame_record_offset`] of a function whose code starts with `bytes`.
+/// How much of a prologue is read.
 #[cfg(target_arch = "x86_64")]
-fn prologue_record_offset(bytes: &[u8]) -> Option<u64> {
+const PROLOGUE_BYTES: usize = 64;
+
+/// Where the frame record of a frame of the function at `start` is, when its prologue is
+/// one of code with frame pointers that [`parse_prologue`] knows whole.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn frame_record_place(code: &Code<'_>, start: u64) -> Option<RecordPlace> {
+    // A function shorter than the bytes read ends its mapping rarely; the shorter read
+    // is tried then.
+    let bytes: [u8; PROLOGUE_BYTES] = code.read(start, true).or_else(|| {
+        let short: [u8; 32] = code.read(start, true)?;
+        let mut bytes = [0xcc; PROLOGUE_BYTES];
+        bytes[..32].copy_from_slice(&short);
+        Some(bytes)
+    })?;
+    parse_prologue(&bytes)
+}
+
+/// The place of the frame record of a function whose code starts with `bytes`: an
+/// `endbr64`, `push %rbp; mov %rsp,%rbp`, pushes of saved registers, then any of: `sub`
+/// of a constant from `%rsp` (LLVM's inline stack probes between: `movq $0,(%rsp)` or
+/// `orq $0,(%rsp)` after each page), one `and $-N,%rsp` (realignment). The instruction
+/// after must not be one that moves `%rsp` or starts a probe loop or a call of a probe
+/// function: anything the parser does not know there is "unknown" (None), never a
+/// distance that could be wrong.
+#[cfg(target_arch = "x86_64")]
+fn parse_prologue(bytes: &[u8]) -> Option<RecordPlace> {
     let mut at = if bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
         4
     } else {
         0
     };
-    if bytes.get(at..at + 4)? != [0x55, 0x48, 0x89, 0xe5] {
+    // push %rbp; mov %rsp,%rbp (either encoding)
+    if !matches!(
+        bytes.get(at..at + 4)?,
+        [0x55, 0x48, 0x89, 0xe5] | [0x55, 0x48, 0x8b, 0xec]
+    ) {
         return None;
     }
     at += 4;
-    let mut offset = 0;
-    // Pushes of saved registers, and of a scratch one to reserve a word.
+    let mut offset: u64 = 0;
+    let mut slack: u64 = 0;
+    // Pushes of saved registers (not %rsp, not %rbp again).
     loop {
         match bytes.get(at..)? {
             [0x41, 0x50..=0x57, ..] => at += 2,
@@ -363,27 +438,78 @@ fn prologue_record_offset(bytes: &[u8]) -> Option<u64> {
         }
         offset += 8;
     }
-    match bytes.get(at..)? {
-        [0x48, 0x83, 0xec, n, ..] => {
-            offset += u64::from(*n);
-            at += 4;
+    loop {
+        match bytes.get(at..)? {
+            // sub $imm8,%rsp / sub $imm32,%rsp
+            [0x48, 0x83, 0xec, n, ..] if *n < 0x80 => {
+                offset += u64::from(*n);
+                at += 4;
+            }
+            [0x48, 0x81, 0xec, a, b, c, d, ..] => {
+                let n = i32::from_le_bytes([*a, *b, *c, *d]);
+                offset += u64::try_from(n).ok()?;
+                at += 7;
+            }
+            // A page's probe: movq $0,(%rsp) / orq $0,(%rsp).
+            [0x48, 0xc7, 0x04, 0x24, 0, 0, 0, 0, ..] => at += 8,
+            [0x48, 0x83, 0x0c, 0x24, 0, ..] => at += 5,
+            // and $-N,%rsp (imm8 or imm32): one realignment.
+            [0x48, 0x83, 0xe4, n, ..] if slack == 0 => {
+                slack = alignment(i64::from(*n as i8))?;
+                at += 4;
+            }
+            [0x48, 0x81, 0xe4, a, b, c, d, ..] if slack == 0 => {
+                slack = alignment(i64::from(i32::from_le_bytes([*a, *b, *c, *d])))?;
+                at += 7;
+            }
+            _ => break,
         }
-        [0x48, 0x81, 0xec, a, b, c, d, ..] => {
-            offset += u64::from(u32::from_le_bytes([*a, *b, *c, *d]));
-            at += 7;
-        }
-        _ => {}
     }
-    // A stack realigned (`and $-N,%rsp`) is not a fixed distance from the record.
-    if matches!(bytes.get(at..)?, [0x48, 0x83 | 0x81, 0xe4, ..]) {
+    if moves_the_stack_pointer(bytes.get(at..)?) {
         return None;
     }
-    Some(offset)
+    Some(RecordPlace { offset, slack })
 }
 
-/// Not decoded on aarch64: the record is searched for.
+/// The slack of `and $mask,%rsp`: the alignment less one, for a mask of a power of two.
+#[cfg(target_arch = "x86_64")]
+fn alignment(mask: i64) -> Option<u64> {
+    let align = mask.checked_neg()?;
+    (align > 1 && (align & (align - 1)) == 0).then(|| (align - 1) as u64)
+}
+
+/// Whether the instruction `bytes` start with writes `%rsp` (or copies it, as a probe
+/// loop starts; or is `mov $N,%eax; call`, as a call of a probe function starts), or
+/// pushes or pops: the prologue would not be over, or would not be the kind parsed.
+#[cfg(target_arch = "x86_64")]
+fn moves_the_stack_pointer(bytes: &[u8]) -> bool {
+    match bytes {
+        // Nothing more read: not known.
+        [] => true,
+        // push/pop of any register, push of an immediate, pushf/popf, enter/leave.
+        [0x50..=0x5f | 0x68 | 0x6a | 0x9c | 0x9d | 0xc8 | 0xc9, ..] => true,
+        [0x41, 0x50..=0x5f, ..] => true,
+        // mov $N,%eax then a call: a probe function's call.
+        [0xb8, _, _, _, _, 0xe8, ..] => true,
+        [rex @ 0x40..=0x4f, opcode, modrm, ..] => {
+            let reg = ((rex >> 2) & 1) << 3 | (modrm >> 3) & 7;
+            let rm = (rex & 1) << 3 | modrm & 7;
+            let register_form = modrm >> 6 == 3;
+            match opcode {
+                // Arithmetic, mov, test and lea with %rsp on either side, register form.
+                0x01 | 0x03 | 0x09 | 0x0b | 0x21 | 0x23 | 0x29 | 0x2b | 0x31 | 0x33 | 0x81
+                | 0x83 | 0x89 | 0x8b | 0xc7 | 0xf7 | 0xff => register_form && (reg == 4 || rm == 4),
+                0x8d => reg == 4,
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Not decoded on aarch64: no record is placed from a prologue.
 #[cfg(target_arch = "aarch64")]
-pub(super) fn frame_record_offset(_code: &Code<'_>, _start: u64) -> Option<u64> {
+pub(super) fn frame_record_place(_code: &Code<'_>, _start: u64) -> Option<RecordPlace> {
     None
 }
 
@@ -418,6 +544,15 @@ fn call_before(code: &Code<'_>, return_address: u64) -> Option<Target> {
         };
     }
     indirect_call_ends_at(&bytes).then_some(Target::Unknown)
+}
+
+/// Whether the bytes before `return_address` end an indirect call.
+#[cfg(target_arch = "x86_64")]
+fn indirect_call_ends_at_return(code: &Code<'_>, return_address: u64) -> bool {
+    return_address
+        .checked_sub(8)
+        .and_then(|start| code.read::<8>(start, true))
+        .is_some_and(|bytes| indirect_call_ends_at(&bytes))
 }
 
 /// Whether `bytes` end with an `FF /2` call (an optional REX prefix, the opcode, its
@@ -478,6 +613,12 @@ fn call_before(code: &Code<'_>, return_address: u64) -> Option<Target> {
     (blr || blra).then_some(Target::Unknown)
 }
 
+/// A `BL` cannot also be an indirect call on aarch64 (fixed-width instructions).
+#[cfg(target_arch = "aarch64")]
+fn indirect_call_ends_at_return(_code: &Code<'_>, _return_address: u64) -> bool {
+    false
+}
+
 /// Where a PLT stub at `target` jumps: `adrp x16, page; ldr x17, [x16, offset]`
 /// (after a `bti c` when the stub has one), then the function its GOT slot holds.
 #[cfg(target_arch = "aarch64")]
@@ -531,33 +672,104 @@ mod tests {
         assert!(!ends_with_call(&[0xff, 0x50]), "a call cut short");
     }
 
+    fn place(offset: u64, slack: u64) -> Option<RecordPlace> {
+        Some(RecordPlace { offset, slack })
+    }
+
+    /// `bytes`, then a `mov %rdi,%rbx` (an instruction of the body).
+    fn then_body(bytes: &[u8]) -> Vec<u8> {
+        let mut code = bytes.to_vec();
+        code.extend_from_slice(&[0x48, 0x89, 0xfb]);
+        code
+    }
+
     #[test]
-    fn a_frame_record_is_placed_by_the_usual_prologue_only() {
+    fn a_frame_record_is_placed_by_a_prologue_parsed_whole() {
         // push %rbp; mov %rsp,%rbp; push %r15; push %r14; push %r12; push %rbx;
         // sub $0x20,%rsp (the standard library's lock_contended).
         let usual = [
             0x55, 0x48, 0x89, 0xe5, 0x41, 0x57, 0x41, 0x56, 0x41, 0x54, 0x53, 0x48, 0x83, 0xec,
-            0x20, 0x48, 0x89, 0xfb,
+            0x20,
         ];
-        assert_eq!(prologue_record_offset(&usual), Some(4 * 8 + 0x20));
+        assert_eq!(parse_prologue(&then_body(&usual)), place(4 * 8 + 0x20, 0));
         let mut with_endbr = vec![0xf3, 0x0f, 0x1e, 0xfa];
         with_endbr.extend_from_slice(&usual);
-        assert_eq!(prologue_record_offset(&with_endbr), Some(4 * 8 + 0x20));
+        assert_eq!(
+            parse_prologue(&then_body(&with_endbr)),
+            place(4 * 8 + 0x20, 0)
+        );
         // push %rax reserves a word; sub $0x1000,%rsp.
         let large = [
-            0x55, 0x48, 0x89, 0xe5, 0x50, 0x48, 0x81, 0xec, 0x00, 0x10, 0x00, 0x00, 0x90,
+            0x55, 0x48, 0x89, 0xe5, 0x50, 0x48, 0x81, 0xec, 0x00, 0x10, 0x00, 0x00,
         ];
-        assert_eq!(prologue_record_offset(&large), Some(8 + 0x1000));
-        // Realigned: and $-32,%rsp.
+        assert_eq!(parse_prologue(&then_body(&large)), place(8 + 0x1000, 0));
+        // No frame pointer: push %r14; push %rbx; push %rax.
+        assert_eq!(parse_prologue(&then_body(&[0x41, 0x56, 0x53, 0x50])), None);
+    }
+
+    #[test]
+    fn stack_probes_count_every_page() {
+        // push %rbp; mov %rsp,%rbp; push %rbx; sub $0x1000,%rsp; movq $0,(%rsp);
+        // sub $0x1000,%rsp; orq $0,(%rsp); sub $0x48,%rsp: two probed pages and the rest.
+        let probed = [
+            0x55, 0x48, 0x89, 0xe5, 0x53, 0x48, 0x81, 0xec, 0x00, 0x10, 0x00, 0x00, 0x48, 0xc7,
+            0x04, 0x24, 0, 0, 0, 0, 0x48, 0x81, 0xec, 0x00, 0x10, 0x00, 0x00, 0x48, 0x83, 0x0c,
+            0x24, 0x00, 0x48, 0x83, 0xec, 0x48,
+        ];
+        assert_eq!(
+            parse_prologue(&then_body(&probed)),
+            place(8 + 0x2000 + 0x48, 0)
+        );
+        // A probe loop: mov %rsp,%r11 after the pushes. Not parsed: unknown.
+        let looped = [
+            0x55, 0x48, 0x89, 0xe5, 0x53, 0x49, 0x89, 0xe3, 0x49, 0x81, 0xeb,
+        ];
+        assert_eq!(parse_prologue(&then_body(&looped)), None);
+        // A probe function: mov $0x3000,%eax; call __rust_probestack.
+        let called = [
+            0x55, 0x48, 0x89, 0xe5, 0xb8, 0x00, 0x30, 0x00, 0x00, 0xe8, 0, 0, 0, 0,
+        ];
+        assert_eq!(parse_prologue(&then_body(&called)), None);
+    }
+
+    #[test]
+    fn a_realigned_prologue_places_the_record_within_the_alignment() {
+        // push %rbp; mov %rsp,%rbp; push %rbx; sub $0x18,%rsp; and $-32,%rsp.
         let realigned = [
             0x55, 0x48, 0x89, 0xe5, 0x53, 0x48, 0x83, 0xec, 0x18, 0x48, 0x83, 0xe4, 0xe0,
         ];
-        assert_eq!(prologue_record_offset(&realigned), None);
-        // No frame pointer: push %r14; push %rbx; push %rax.
-        assert_eq!(
-            prologue_record_offset(&[0x41, 0x56, 0x53, 0x50, 0x90]),
-            None
-        );
+        assert_eq!(parse_prologue(&then_body(&realigned)), place(8 + 0x18, 31));
+        // and $-64,%rsp; sub $0x100,%rsp.
+        let then_sub = [
+            0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xe4, 0xc0, 0x48, 0x81, 0xec, 0x00, 0x01, 0x00,
+            0x00,
+        ];
+        assert_eq!(parse_prologue(&then_body(&then_sub)), place(0x100, 63));
+    }
+
+    #[test]
+    fn anything_after_the_prologue_that_moves_the_stack_pointer_is_unknown() {
+        let prologue = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x20];
+        for (after, what) in [
+            (&[0x48, 0x29, 0xc4][..], "sub %rax,%rsp (alloca)"),
+            (&[0x48, 0x89, 0xc4], "mov %rax,%rsp"),
+            (&[0x48, 0x8d, 0x64, 0x24, 0xf0], "lea -0x10(%rsp),%rsp"),
+            (&[0x6a, 0x00], "push $0 (a pushed argument)"),
+            (&[0x41, 0x54], "push %r12 after the sub"),
+            (
+                &[0x48, 0x83, 0xe4, 0xc0, 0x48, 0x83, 0xe4, 0xc0],
+                "two realignments",
+            ),
+            (&[], "the prologue's end not read"),
+        ] {
+            let mut code = prologue.to_vec();
+            code.extend_from_slice(after);
+            assert_eq!(parse_prologue(&code), None, "{what}");
+        }
+        // %r12 is not %rsp: `mov %rax,%r12` is the body.
+        let mut code = prologue.to_vec();
+        code.extend_from_slice(&[0x49, 0x89, 0xc4]);
+        assert_eq!(parse_prologue(&code), place(0x20, 0));
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! A guarded reconcile that blocks in a function of its own, one way per run, and the
 //! stack the library captures of the blocked worker, printed one frame a line
 //! (`frame<TAB>function<TAB>file<TAB>line`, then `stopped_early<TAB>why` if it did):
-//! `stack-fixtures CASE`, where CASE is `sleep`, `mutex`, `condvar`, `socket`, `pipe`,
-//! `command` or `stale`. It first prints `frame_pointers<TAB>yes` or `no`: whether its
-//! own functions were built keeping them (x86_64: whether a blocking function's code
-//! starts with `push %rbp; mov %rsp,%rbp`).
+//! `stack-fixtures CASE`, where CASE is one of [`CASES`]. It first prints
+//! `frame_pointers<TAB>yes` or `no`: whether its own functions were built keeping them
+//! (x86_64: whether a blocking function's code starts with `push %rbp; mov %rsp,%rbp`),
+//! and last `chain<TAB>...`: the fixture's own functions the blocked thread is in,
+//! outermost first, as each recorded itself on its way in (`adversarial.rs`).
+
+mod adversarial;
 
 use std::hint::black_box;
 use std::io::Read;
@@ -116,6 +119,7 @@ struct Ends {
 
 /// The reconcile: a timer, as an operator's first await, then the blocking call.
 async fn reconcile(case: String, ends: std::sync::mpsc::Sender<Ends>) -> Result<(), ()> {
+    adversarial::chain("reconcile");
     tokio::time::sleep(Duration::from_millis(10)).await;
     match case.as_str() {
         "sleep" => blocking_in_sleep(),
@@ -146,7 +150,7 @@ async fn reconcile(case: String, ends: std::sync::mpsc::Sender<Ends>) -> Result<
             }
         }
         "stale" => blocking_after_deep_calls(),
-        other => panic!("no case {other}"),
+        other => adversarial::run(other),
     }
     Ok(())
 }
@@ -170,6 +174,7 @@ fn main() {
     let keeps = keeps_frame_pointers(blocking_in_mutex as fn() as usize);
     println!("frame_pointers\t{}", if keeps { "yes" } else { "no" });
     let _held = HELD.lock().unwrap();
+    let _fifo = adversarial::prepare(&case);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_time()
@@ -207,6 +212,7 @@ fn main() {
         }
         Err(error) => println!("error\t{error}"),
     }
+    println!("chain\t{}", adversarial::recorded().join("\t"));
     // The blocked worker is not waited for.
     std::process::exit(0);
 }
