@@ -176,9 +176,9 @@ pub fn run(builder: Builder, options: &DemoOptions, wait: impl FnOnce()) -> Resu
 
     wait();
     watchdog.health().shutdown.begin();
-    // Hung tasks never finish; don't wait for them.
-    runtime.shutdown_background();
+    // The watchdog first: it writes the termination message if liveness fails.
     drop(watchdog);
+    runtime.shutdown_background(); // hung tasks never finish: not waited for
     Ok(())
 }
 

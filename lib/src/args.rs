@@ -44,13 +44,17 @@
 //! are the flags' names with `_` for `-`).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::parser::ValueSource;
 use clap::{ArgMatches, FromArgMatches, ValueEnum};
 
 use crate::guard::Deadlines;
 use crate::monitor::HangPolicy;
 use crate::quarantine::{Keeper, Quarantine};
+
+use crate::restart;
 use crate::watchdog::{Builder, MIN_HEARTBEAT_PERIOD, Watchdog, heartbeat_period};
 
 /// The watchdog's flags; see the [module](self). Each flag is also read from the
@@ -169,6 +173,15 @@ struct Flags {
         value_name = "NAMESPACE"
     )]
     quarantine_namespace: Option<String>,
+
+    // What a restart leaves for the on-call engineer.
+    /// On exit while liveness fails, why (the hung reconciles and where they are stuck) is written here, at most 4096 bytes, for the container's last state; the default is used only where it exists (in Kubernetes); off disables
+    #[arg(long, env = "RECONCILE_WATCHDOG_TERMINATION_MESSAGE_PATH", value_name = "PATH", default_value = restart::KUBERNETES_PATH, value_parser = path_or_off)]
+    termination_message_path: OrOff<PathBuf>,
+
+    /// Whether `termination_message_path` is clap's default, not given.
+    #[arg(skip)]
+    termination_message_path_is_default: bool,
 }
 
 /// The value of a flag that `off` (or `0`, for an address) turns off. Not an `Option`:
@@ -216,6 +229,12 @@ impl WatchdogArgs {
             .stack_capture_after(flags.stack_capture_after.on())
             .report_budget(flags.hang_report_burst, flags.hang_reports_per_minute)
             .near_miss_threshold(flags.near_miss_threshold.on());
+        let builder = match flags.termination_message_path.clone() {
+            OrOff::On(path) if flags.termination_message_path_is_default => {
+                builder.termination_message_path_if_exists(path)
+            }
+            path => builder.termination_message_path(path.on()),
+        };
         #[cfg(feature = "metrics")]
         let builder = builder.metrics_address(flags.metrics_bind_address.on());
         match self.quarantine() {
@@ -281,7 +300,8 @@ impl clap::Args for WatchdogArgs {
 
 impl FromArgMatches for WatchdogArgs {
     fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
-        let flags = Flags::from_arg_matches(matches)?;
+        let mut flags = Flags::from_arg_matches(matches)?;
+        flags.sources(matches);
         flags.check().map_err(conflict)?;
         Ok(Self(flags))
     }
@@ -289,6 +309,7 @@ impl FromArgMatches for WatchdogArgs {
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
         let mut flags = self.0.clone();
         flags.update_from_arg_matches(matches)?;
+        flags.sources(matches);
         flags.check().map_err(conflict)?;
         self.0 = flags;
         Ok(())
@@ -302,6 +323,12 @@ fn conflict(message: String) -> clap::Error {
 }
 
 impl Flags {
+    /// Notes which flags were left at their defaults, where that changes their meaning.
+    fn sources(&mut self, matches: &ArgMatches) {
+        self.termination_message_path_is_default =
+            matches.value_source("termination_message_path") == Some(ValueSource::DefaultValue);
+    }
+
     /// Refuses flags that cannot work together, naming both: the runtime's heartbeat
     /// beats every half interval, so a stall threshold must be above that period, and
     /// the period must not round to nothing; and an interval above half the smallest
@@ -426,6 +453,15 @@ fn near_miss_threshold(s: &str) -> Result<OrOff<f64>, String> {
         return Err(format!("{s:?} is out of range: {FORM}"));
     }
     Ok(OrOff::On(percent / 100.0))
+}
+
+/// A path, or `off`.
+fn path_or_off(s: &str) -> Result<OrOff<PathBuf>, String> {
+    match s.trim() {
+        "off" => Ok(OrOff::Off),
+        "" => Err("expected a path, or off".into()),
+        _ => Ok(OrOff::On(PathBuf::from(s))),
+    }
 }
 
 /// A bind address: `host:port`, `[::]:port`, or Go's `:port` (all interfaces).
@@ -578,6 +614,27 @@ mod tests {
         assert_eq!(flags.debug_bind_address, OrOff::Off);
         assert_eq!(flags.stack_capture_after, OrOff::Off);
         assert_eq!(flags.driver_rescue_after, OrOff::Off);
+    }
+
+    #[test]
+    fn the_termination_message_path_is_kubernetes_default_only_where_it_exists() {
+        let flags = parse(&[]).unwrap().0;
+        assert_eq!(
+            flags.termination_message_path,
+            OrOff::On(PathBuf::from("/dev/termination-log"))
+        );
+        assert!(flags.termination_message_path_is_default);
+        let flags = parse(&["--termination-message-path=/dev/termination-log"])
+            .unwrap()
+            .0;
+        assert!(
+            !flags.termination_message_path_is_default,
+            "given, it is created"
+        );
+        let flags = parse(&["--termination-message-path", "off"]).unwrap().0;
+        assert_eq!(flags.termination_message_path, OrOff::Off);
+        let error = refused(&["--termination-message-path="]);
+        assert!(error.contains("--termination-message-path"), "{error}");
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub mod monitor;
 pub mod plug;
 pub mod probes;
 pub mod quarantine;
+pub mod restart;
 pub mod shutdown;
 pub mod stack;
 pub mod watchdog;
@@ -137,6 +138,28 @@ pub mod internals {
         pub use crate::probes::debug::DebugViews;
         pub use crate::probes::routes::Probes;
         pub use crate::probes::server::{HttpServer, Limits, Peer, Request};
+    }
+
+    /// What a process that exits while liveness fails writes, for its bench.
+    pub mod restart {
+        use std::path::Path;
+
+        use crate::Watchdog;
+        use crate::restart::{MESSAGE_BYTES, WRITE_PATIENCE};
+
+        /// The termination message `watchdog` would write now: `None` while liveness
+        /// passes.
+        #[must_use]
+        pub fn termination_message(watchdog: &Watchdog) -> Option<String> {
+            watchdog
+                .liveness_cause()
+                .map(|cause| cause.text(MESSAGE_BYTES))
+        }
+
+        /// Writes `message` to `path` as the exiting process does.
+        pub fn write(path: &Path, message: String) {
+            crate::restart::write(path, message, WRITE_PATIENCE);
+        }
     }
 
     /// The hang reports' log targets.

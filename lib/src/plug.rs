@@ -11,12 +11,14 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::guard::{ObjectKey, Outcome};
 use crate::health::Health;
 use crate::monitor::verdict::{Action, Event};
 use crate::monitor::{ApiServerStatus, HangState, Observer, Scan};
+use crate::restart::Cause;
 
 /// Knows whether the API server answers at all: records each answer into its
 /// [`ApiServerStatus`], which the monitor, the `api-server` readiness check and the
@@ -104,6 +106,13 @@ pub trait HangReports: Send + Sync + fmt::Debug + 'static {
     /// How many reports it could not pass on so far (a full queue, a destination that
     /// does not answer): `reconcile_watchdog_events_dropped_total`.
     fn dropped(&self) -> u64;
+
+    /// Liveness began to fail because of hung reconciles, an escalation or a runtime
+    /// stall, for `cause`: once per failing episode (until liveness passes again), on
+    /// the monitor thread, so it must neither block nor wait. By default nothing.
+    fn liveness_failing(&self, cause: &Cause) {
+        let _ = cause;
+    }
 }
 
 /// The per-reconcile lines among a scan's `events`, as reports at `now` (the scan's
@@ -156,18 +165,38 @@ pub(crate) fn hang_reports(events: &[Event], now: Instant) -> impl Iterator<Item
     })
 }
 
-/// Hands each scan's hang report lines to a [`HangReports`].
+/// Hands each scan's hang report lines to a [`HangReports`], and the start of each
+/// liveness failure.
 #[derive(Debug)]
-pub(crate) struct ReportsObserver(pub(crate) Arc<dyn HangReports>);
+pub(crate) struct ReportsObserver {
+    reports: Arc<dyn HangReports>,
+    /// Whether liveness failed after the previous scan.
+    failing: AtomicBool,
+}
+
+impl ReportsObserver {
+    pub(crate) fn new(reports: Arc<dyn HangReports>) -> Self {
+        Self {
+            reports,
+            failing: AtomicBool::new(false),
+        }
+    }
+}
 
 impl Observer for ReportsObserver {
     fn scanned(&self, scan: &Scan<'_>) {
+        let was_failing = self.failing.swap(scan.cause.is_some(), Ordering::Relaxed);
+        if let Some(cause) = scan.cause
+            && !was_failing
+        {
+            self.reports.liveness_failing(cause);
+        }
         // The scan began `took` ago: its moment, as the log's lines have it.
         let now = Instant::now()
             .checked_sub(scan.took)
             .unwrap_or_else(Instant::now);
         for report in hang_reports(&scan.decision.events, now) {
-            self.0.reported(&report);
+            self.reports.reported(&report);
         }
     }
 }

@@ -2,6 +2,7 @@
 //! probe, metrics and debug servers.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use crate::monitor::{self, HangPolicy, Monitor, RuntimeHeartbeat};
 use crate::plug::{ApiServerReachability, HangReports, ReportsObserver, WatchAges};
 use crate::probes::{self, DebugViews, HttpServer, Probes};
 use crate::quarantine::Keeper;
+use crate::restart::{self, Destination};
 
 /// The runtime heartbeat's shortest period: tokio's timers count in milliseconds.
 pub const MIN_HEARTBEAT_PERIOD: Duration = Duration::from_millis(1);
@@ -79,6 +81,7 @@ pub struct Builder {
     reasons_to_all_peers: bool,
     near_miss_share: Option<f64>,
     quarantine: Option<Arc<Keeper>>,
+    termination_message: Option<Destination>,
 }
 
 impl Builder {
@@ -256,6 +259,29 @@ impl Builder {
         self
     }
 
+    /// When the watchdog is dropped (the process exits: after SIGTERM, SIGINT or its
+    /// own end) while liveness fails because of hung reconciles, an escalation or a
+    /// runtime stall, writes why to `path`, at most 4096 bytes in one write: the hung
+    /// reconciles, the longest-running first, each with where it is stuck. Give the
+    /// container's `terminationMessagePath` (Kubernetes' default is
+    /// `/dev/termination-log`) and `kubectl describe pod` shows it as the last state's
+    /// message. The file is created if need be; one that cannot be written is skipped
+    /// with one log line. `None` (the default) writes none; nothing is written after a
+    /// clean shutdown.
+    #[must_use]
+    pub fn termination_message_path(mut self, path: impl Into<Option<PathBuf>>) -> Self {
+        self.termination_message = path.into().map(Destination::Path);
+        self
+    }
+
+    /// Like [`termination_message_path`](Self::termination_message_path), but only if
+    /// `path` exists when the watchdog starts (the kubelet creates Kubernetes' default).
+    #[cfg(feature = "clap")]
+    pub(crate) fn termination_message_path_if_exists(mut self, path: PathBuf) -> Self {
+        self.termination_message = Some(Destination::IfExists(path));
+        self
+    }
+
     /// Starts the monitor thread and, if asked, the probe server.
     pub fn start(self) -> Result<Watchdog, Error> {
         let health = Arc::new(Health::new());
@@ -297,7 +323,7 @@ impl Builder {
             }
         }
         if let Some(reports) = &self.hang_reports {
-            scan_observers.push(Arc::new(ReportsObserver(Arc::clone(reports))));
+            scan_observers.push(Arc::new(ReportsObserver::new(Arc::clone(reports))));
         }
         if let Some(keeper) = &self.quarantine {
             #[cfg(feature = "metrics")]
@@ -368,14 +394,16 @@ impl Builder {
                 metrics.serve_watch_ages(Arc::clone(watches));
             }
         }
+        let termination_message = self.termination_message.and_then(Destination::check);
         Ok(Watchdog {
+            termination_message,
             _api_server: self.api_server,
             _watches: self.watches,
             _hang_reports: self.hang_reports,
             quarantine: self.quarantine,
             registry,
             health,
-            _monitor: monitor,
+            monitor,
             probes,
             #[cfg(feature = "metrics")]
             metrics,
@@ -389,6 +417,8 @@ impl Builder {
 /// A running watchdog. Dropping it stops the monitor and the probe server.
 #[derive(Debug)]
 pub struct Watchdog {
+    /// Where the cause of a liveness failure is written as the process exits.
+    termination_message: Option<PathBuf>,
     /// What was plugged in lives as long as the watchdog: the API server check's thread
     /// stops when its last owner drops it.
     _api_server: Option<Arc<dyn ApiServerReachability>>,
@@ -397,8 +427,8 @@ pub struct Watchdog {
     quarantine: Option<Arc<Keeper>>,
     registry: Registry,
     health: Arc<Health>,
-    /// Held for its drop, which stops the monitor thread.
-    _monitor: Monitor,
+    /// Its drop stops the monitor thread.
+    monitor: Monitor,
     probes: Option<HttpServer>,
     #[cfg(feature = "metrics")]
     metrics: Option<Arc<Metrics>>,
@@ -432,6 +462,7 @@ impl Watchdog {
             reasons_to_all_peers: false,
             near_miss_share: Some(crate::guard::NEAR_MISS_SHARE),
             quarantine: None,
+            termination_message: None,
         }
     }
 
@@ -485,6 +516,28 @@ impl Watchdog {
     #[must_use]
     pub fn debug_address(&self) -> Option<SocketAddr> {
         self.debug_server.as_ref().map(HttpServer::local_addr)
+    }
+}
+
+impl Watchdog {
+    /// Why liveness fails, as the latest scan found it; `None` while it passes.
+    pub(crate) fn liveness_cause(&self) -> Option<Arc<restart::Cause>> {
+        self.monitor.status().cause()
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        // Read before the monitor stops: the latest scan says whether liveness fails.
+        if let Some(path) = &self.termination_message
+            && let Some(cause) = self.liveness_cause()
+        {
+            restart::write(
+                path,
+                cause.text(restart::MESSAGE_BYTES),
+                restart::WRITE_PATIENCE,
+            );
+        }
     }
 }
 

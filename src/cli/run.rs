@@ -14,6 +14,7 @@ use crate::operator::{self, Context};
 use reconcile_watchdog::kube::events::HangEvents;
 use reconcile_watchdog::kube::leader::{self, LeaderElection};
 use reconcile_watchdog::kube::quarantine::ConfigMapStore;
+use reconcile_watchdog::kube::restarts::PreviousRun;
 use reconcile_watchdog::kube::watches::Watches;
 use reconcile_watchdog::kube::{ApiServerCheck, Controllers, requests};
 use reconcile_watchdog::quarantine::MemoryStore;
@@ -34,7 +35,7 @@ pub struct RunArgs {
     #[arg(long, env = "RECONCILE_WATCHDOG_ENABLE_FAULT_INJECTION")]
     pub enable_fault_injection: bool,
 
-    /// Publish hang reports as Events on the hung objects (ReconcileHung, ReconcileHangEnded, ReconcileCancelled), within the hang report budget; false disables
+    /// Publish hang reports as Events on the hung objects (ReconcileHung, ReconcileHangEnded, ReconcileCancelled), within the hang report budget, and LivenessFailing on the operator's own Pod (POD_NAMESPACE, POD_NAME); false disables
     #[arg(long, env = "RECONCILE_WATCHDOG_HANG_EVENTS", value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub hang_events: bool,
 
@@ -229,9 +230,12 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         .api_server_check_interval()
         .map(ApiServerCheck::every);
     let watches = Watches::new(args.watchdog.watch_stall_threshold());
-    let hang_events = args
-        .hang_events
-        .then(|| HangEvents::new(HangEvents::instance_from_env()));
+    let hang_events = args.hang_events.then(|| {
+        let events = HangEvents::new(HangEvents::instance_from_env());
+        // LivenessFailing on the operator's own Pod, named by the downward API.
+        events.own_pod_from_env();
+        events
+    });
     let mut builder = args
         .watchdog
         .builder()
@@ -267,6 +271,7 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
     let (registry, health) = (watchdog.registry().clone(), Arc::clone(watchdog.health()));
     let quarantine = watchdog.quarantine().cloned();
     let quarantine_configmap = args.watchdog.quarantine_configmap();
+    let previous_run = PreviousRun::new(&watchdog);
     let (fault_injection, namespace) = (args.enable_fault_injection, args.namespace.clone());
     let (until, election_shutdown) = (shutdown.clone(), shutdown.clone());
     runtime.spawn(async move {
@@ -308,6 +313,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
                 .with_layer(&watches.layer())
                 .with_layer(&requests::layer())
                 .build();
+            // Whether this container was restarted after liveness failed: a gauge the
+            // ReconcileHangRestart alert reads, and a WARN.
+            tokio::spawn(previous_run.read(client.clone()));
             let ctx = Context {
                 client: client.clone(),
                 fault_injection,
@@ -348,6 +356,9 @@ fn run(args: &RunArgs, election: Option<leader::Config>) -> Result<ExitCode, Err
         }
         Ending::SecondSignal { .. } | Ending::GraceExpired { .. } => Ok(ExitCode::FAILURE),
     };
+    // The watchdog first: as it goes, it writes the termination message if liveness
+    // fails, from what the monitor found before the runtime's tasks are dropped.
+    drop(watchdog);
     // Reconciles still hung must not hold the process.
     runtime.shutdown_background();
     code

@@ -20,6 +20,12 @@
 //! the log's lines, so the log's budget bounds them: at most `burst` writes at once and
 //! `per_minute` after (10 and 6 by default), however many objects hang.
 //!
+//! With [`own_pod_from_env`](HangEvents::own_pod_from_env), the operator's own Pod gets a
+//! `Warning` `LivenessFailing` Event when liveness begins to fail because of hung
+//! reconciles, an escalation or a runtime stall (once per failing episode), whose note
+//! names the first culprits and where they are stuck: `kubectl describe pod` shows it
+//! beside the kubelet's probe failure.
+//!
 //! ```no_run
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! use k8s_openapi::api::core::v1::ConfigMap;
@@ -54,6 +60,7 @@ use crate::guard::ObjectKey;
 use crate::monitor::HangState;
 use crate::monitor::verdict::fmt_duration;
 use crate::plug::{HangReport, Reported};
+use crate::restart::Cause;
 
 /// The Events' reporting controller.
 pub const REPORTING_CONTROLLER: &str = "reconcile-watchdog";
@@ -103,6 +110,8 @@ enum Reason {
     Quarantined,
     /// `Normal` `ReconcileQuarantineLifted`: it is reconciled again.
     QuarantineLifted,
+    /// `Warning` `LivenessFailing`, on the operator's own Pod: liveness began to fail.
+    LivenessFailing,
 }
 
 impl Reason {
@@ -114,13 +123,14 @@ impl Reason {
             Self::Cancelled => "ReconcileCancelled",
             Self::Quarantined => "ReconcileQuarantined",
             Self::QuarantineLifted => "ReconcileQuarantineLifted",
+            Self::LivenessFailing => "LivenessFailing",
         }
     }
 
     /// The Event's type: `Warning` or `Normal`.
     fn event_type(self) -> &'static str {
         match self {
-            Self::Hung | Self::Cancelled | Self::Quarantined => "Warning",
+            Self::Hung | Self::Cancelled | Self::Quarantined | Self::LivenessFailing => "Warning",
             Self::HangEnded | Self::QuarantineLifted => "Normal",
         }
     }
@@ -159,6 +169,8 @@ struct Job {
 pub struct HangEvents {
     instance: String,
     objects: RwLock<HashMap<String, Arc<Objects>>>,
+    /// The operator's own Pod, for `LivenessFailing`.
+    pod: RwLock<Option<(ObjectKey, Arc<Objects>)>>,
     /// `None` wakes the thread to see `stop`.
     queue: SyncSender<Option<Job>>,
     jobs: Mutex<Option<Receiver<Option<Job>>>>,
@@ -193,6 +205,7 @@ impl HangEvents {
         Arc::new(Self {
             instance: instance.into(),
             objects: RwLock::default(),
+            pod: RwLock::default(),
             queue,
             jobs: Mutex::new(Some(jobs)),
             drops: Arc::default(),
@@ -241,6 +254,46 @@ impl HangEvents {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(controller.to_owned(), Arc::new(objects));
+    }
+
+    /// Publishes a `LivenessFailing` Event on the Pod `namespace`/`name` (uid `uid`,
+    /// which `kubectl describe pod` matches Events by) when liveness begins to fail:
+    /// the operator's own Pod.
+    pub fn own_pod(&self, namespace: &str, name: &str, uid: Option<String>) {
+        let objects = Objects {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            uid: uid.map(|uid| {
+                Box::new(move |_: Option<&str>, _: &str| Some(uid.clone())) as UidLookup
+            }),
+        };
+        *self.pod.write().unwrap_or_else(|p| p.into_inner()) =
+            Some((ObjectKey::namespaced(namespace, name), Arc::new(objects)));
+    }
+
+    /// [`own_pod`](Self::own_pod) from the downward API's `POD_NAMESPACE`, `POD_NAME`
+    /// and `POD_UID`; whether both names were set (without them, no Event).
+    pub fn own_pod_from_env(&self) -> bool {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        match (var("POD_NAMESPACE"), var("POD_NAME")) {
+            (Some(namespace), Some(name)) => {
+                self.own_pod(namespace.trim(), name.trim(), var("POD_UID"));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Queues `job`, or counts it dropped.
+    fn send(&self, job: Job) {
+        match self.queue.try_send(Some(job)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => self.drops.one("the queue is full", Instant::now()),
+            Err(TrySendError::Disconnected(_)) => {
+                self.drops
+                    .one("the events thread has stopped", Instant::now());
+            }
+        }
     }
 
     /// Starts writing the Events to the API server of `config` (the operator's own),
@@ -300,14 +353,7 @@ impl HangEvents {
             objects,
             note,
         };
-        match self.queue.try_send(Some(job)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => self.drops.one("the queue is full", Instant::now()),
-            Err(TrySendError::Disconnected(_)) => {
-                self.drops
-                    .one("the events thread has stopped", Instant::now());
-            }
-        }
+        self.send(job);
     }
 }
 
@@ -324,6 +370,29 @@ impl crate::plug::HangReports for HangEvents {
     fn dropped(&self) -> u64 {
         self.drops.count.load(Ordering::Relaxed)
     }
+
+    fn liveness_failing(&self, cause: &Cause) {
+        let pod = self.pod.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some((object, objects)) = pod else {
+            return;
+        };
+        self.send(Job {
+            reason: Reason::LivenessFailing,
+            controller: REPORTING_CONTROLLER.into(),
+            object,
+            objects,
+            note: liveness_note(cause),
+        });
+    }
+}
+
+/// The note of a `LivenessFailing` Event: the cause's lines joined by `; `, at most
+/// 1 kB.
+fn liveness_note(cause: &Cause) -> String {
+    // Room for the `; ` that each of the few lines that fit adds to its newline.
+    let mut note = cause.text(NOTE_LIMIT - 32).replace('\n', "; ");
+    truncate(&mut note, NOTE_LIMIT);
+    note
 }
 
 impl Drop for HangEvents {
@@ -814,6 +883,51 @@ mod tests {
         assert_eq!(of(Reported::StillHung), ("ReconcileHung", "Warning"));
         assert_eq!(of(Reported::Ended), ("ReconcileHangEnded", "Normal"));
         assert_eq!(of(Reported::Cancelled), ("ReconcileCancelled", "Warning"));
+        let failing = Reason::LivenessFailing;
+        assert_eq!(
+            (failing.as_str(), failing.event_type()),
+            ("LivenessFailing", "Warning")
+        );
+    }
+
+    #[test]
+    fn the_pod_s_note_names_the_first_culprits_on_one_line_within_one_kilobyte() {
+        for n in [1, 150] {
+            let note = liveness_note(&crate::restart::tests::cause(n));
+            assert!(note.len() <= NOTE_LIMIT, "{n}: {} bytes", note.len());
+            assert!(!note.contains('\n'), "{note}");
+            assert!(
+                note.contains("; configtemplates default/object-000: ran 6m 40s of a 5m deadline, in-poll, in my_operator::reconcile::take_lock at src/reconcile.rs:42"),
+                "{note}"
+            );
+            assert_eq!(note.ends_with(" more"), n > 1, "{note}");
+        }
+    }
+
+    #[test]
+    fn liveness_failing_goes_to_the_pod_named_by_own_pod_and_nowhere_without_one() {
+        use crate::plug::HangReports;
+        let events = HangEvents::new("pod-0");
+        let cause = crate::restart::tests::cause(1);
+        events.liveness_failing(&cause);
+        let jobs = events.jobs.lock().unwrap().take().unwrap();
+        assert!(jobs.try_recv().is_err(), "an Event without a Pod");
+        events.own_pod("ops", "op-7d9", Some("uid-1".into()));
+        events.liveness_failing(&cause);
+        let job = jobs.try_recv().unwrap().unwrap();
+        assert_eq!(job.reason, Reason::LivenessFailing);
+        assert_eq!(job.object.as_str(), "ops/op-7d9");
+        assert_eq!(
+            (job.objects.api_version.as_str(), job.objects.kind.as_str()),
+            ("v1", "Pod")
+        );
+        assert_eq!(
+            job.objects
+                .uid
+                .as_ref()
+                .and_then(|uid| uid(Some("ops"), "op-7d9")),
+            Some("uid-1".into())
+        );
     }
 
     #[test]

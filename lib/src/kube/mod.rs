@@ -31,6 +31,7 @@ mod log;
 pub mod quarantine;
 mod reconciler;
 pub mod requests;
+pub mod restarts;
 pub mod watches;
 
 pub use apiserver::ApiServerCheck;

@@ -121,6 +121,7 @@ pub struct Metrics {
     watch_ages: WatchAges,
     events_dropped: EventsDropped,
     quarantine: QuarantineSeries,
+    last_hang_restart: Gauge<f64, AtomicU64>,
 }
 
 /// The series of the quarantine (`--quarantine-after`).
@@ -176,6 +177,7 @@ impl Metrics {
             watch_ages: WatchAges::default(),
             events_dropped: EventsDropped::default(),
             quarantine: QuarantineSeries::default(),
+            last_hang_restart: Gauge::default(),
         };
         let mut own = prometheus_client::registry::Registry::with_prefix(PREFIX);
         metrics.register_all(&mut own);
@@ -311,6 +313,12 @@ impl Metrics {
             "Liveness failures caused by hung reconciles that the quarantine ledger has recorded, in all: it survives restarts, so its increase counts restarts a hang caused",
             self.quarantine.recorded.clone(),
         );
+        registry.register_with_unit(
+            "last_hang_restart_timestamp",
+            "When the previous run of this container ended, as a Unix time, if it exited while liveness failed (its termination message, read from the Pod at start); 0 otherwise",
+            Unit::Seconds,
+            self.last_hang_restart.clone(),
+        );
     }
 
     /// The whole exposition in the OpenMetrics text format, `# EOF` included.
@@ -342,6 +350,17 @@ impl Metrics {
     /// first reconcile ends instead of being absent.
     pub(crate) fn add_controller(&self, controller: &str) {
         self.with_series(controller, |_| ());
+    }
+
+    /// The previous run of this container, which ended at `at`, exited while liveness
+    /// failed.
+    #[cfg(feature = "_kube")]
+    pub(crate) fn hang_restart(&self, at: std::time::SystemTime) {
+        let seconds = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.last_hang_restart.set(seconds);
     }
 
     /// Sets `reconcile_watchdog_leader{identity}` to 1 (leading) or 0.

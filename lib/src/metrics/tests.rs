@@ -170,6 +170,7 @@ fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
                     heartbeat_late: 0,
                     not_looked_up: 0,
                 },
+                cause: None,
             },
         );
     };

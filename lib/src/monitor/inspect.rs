@@ -183,7 +183,7 @@ impl Inspector {
 /// Whether `frame` is the guard's poll. The frames below it are the runtime's, the
 /// same for every hang, so they are left unresolved. Optimised builds name inlined
 /// frames without their module path, so the source file is the surer sign.
-fn is_guard_poll(frame: &Frame) -> bool {
+pub(crate) fn is_guard_poll(frame: &Frame) -> bool {
     frame
         .file
         .as_deref()

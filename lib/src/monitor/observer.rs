@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::verdict::Decision;
 use super::verdict::driver::WakeCause;
 use crate::guard::InFlight;
+use crate::restart::Cause;
 
 /// One finished scan, as an [`Observer`] sees it.
 // Read by the metrics; the hang reports' observer reads the decision alone.
@@ -29,6 +30,8 @@ pub struct Scan<'a> {
     /// The other wakes since the previous scan, by cause: they kept timers and I/O
     /// going, and no guarded reconcile held a worker.
     pub driver_wakes: DriverWakes,
+    /// Why liveness fails after this scan, while it does.
+    pub cause: Option<&'a Cause>,
 }
 
 /// Wakes of an idle worker that were not rescues, by cause (see [`Scan::driver_wakes`]).

@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 
 use super::api_server::ApiServerStatus;
 use super::heartbeat::RuntimeHeartbeat;
-use super::inspect::{Diagnostics, Inspector};
+use super::inspect::{Diagnostics, Inspector, StuckThread, is_guard_poll};
 use super::observer::{Observer, Scan};
 use super::rescue::Rescuer;
 use super::status::{Published, Status};
-use super::verdict::Verdict;
+use super::verdict::{Event, Verdict};
 use super::waker::Waker;
 use super::{cgroup, report, task_dump};
 use crate::guard::{InFlight, Registry};
+use crate::restart::{self, Cause};
 
 /// What the monitor thread reads besides the registry, and whom it tells.
 pub(super) struct Sources<'a> {
@@ -43,6 +44,9 @@ pub(super) struct Scanner<'a> {
     throttled_before: Option<Duration>,
     task_traces: task_dump::TaskTraces,
     observer_panicked: bool,
+    /// Where each reconcile in `attention` whose stack was captured is stuck: the
+    /// innermost frame of the operator's own code, for the restart's [`Cause`].
+    places: Vec<(u64, String)>,
 }
 
 impl<'a> Scanner<'a> {
@@ -71,6 +75,7 @@ impl<'a> Scanner<'a> {
             throttled_before,
             task_traces,
             observer_panicked: false,
+            places: Vec::new(),
         }
     }
 
@@ -137,6 +142,7 @@ impl<'a> Scanner<'a> {
         let mut inspected = false;
         for event in &decision.events {
             let threads = self.inspector.inspect(event, now);
+            remember_places(&mut self.places, event, &threads);
             let task_trace = self.task_traces.of(event, stalled, || {
                 worker_blocked(registry, now, rescuer.as_deref(), &mut self.in_poll)
             });
@@ -154,6 +160,17 @@ impl<'a> Scanner<'a> {
             release_heap_off_thread();
         }
         self.inspector.forget_all_but(&self.snapshot);
+        let snapshot = &self.snapshot;
+        self.places
+            .retain(|(id, _)| snapshot.iter().any(|r| r.id == *id));
+        let places = &self.places;
+        let cause = Cause::of(&decision, &self.snapshot, now, |r| {
+            places
+                .iter()
+                .find(|(id, _)| *id == r.id)
+                .map(|(_, place)| place.clone())
+        })
+        .map(Arc::new);
         if let Some(observer) = self.observer {
             let wakes = rescuer.map(Rescuer::take_wakes).unwrap_or_default();
             let scan = Scan {
@@ -164,6 +181,7 @@ impl<'a> Scanner<'a> {
                 runtime_heartbeat_age: heartbeat_age,
                 driver_rescues: wakes.rescues,
                 driver_wakes: wakes.others,
+                cause: cause.as_deref(),
             };
             // The observer is the user's code: its panic must not end the scans.
             let told = std::panic::catch_unwind(AssertUnwindSafe(|| observer.scanned(&scan)));
@@ -178,6 +196,7 @@ impl<'a> Scanner<'a> {
         Published {
             reconcilers_failure: decision.reconcilers_failure,
             runtime_failure: decision.runtime_failure,
+            cause,
             overdue: decision.overdue.len(),
         }
     }
@@ -226,5 +245,36 @@ fn release_heap_off_thread() {
     if trim.is_err() {
         // No thread: no trim this time; the next capture's asks again.
         TRIMMING.store(false, Ordering::Release);
+    }
+}
+
+/// Keeps where the reconciles `event` is about are stuck, from the stacks of `threads`
+/// captured for it (a thread is matched to its reconcile by its kernel thread id).
+fn remember_places(places: &mut Vec<(u64, String)>, event: &Event, threads: &[StuckThread]) {
+    let reconciles: &[InFlight] = match event {
+        Event::Hung { reconcile, .. }
+        | Event::StillHung { reconcile, .. }
+        | Event::Escalated {
+            reconcile: Some(reconcile),
+            ..
+        } => std::slice::from_ref(reconcile),
+        Event::RuntimeStalled { in_poll, .. } => in_poll,
+        _ => return,
+    };
+    for thread in threads {
+        let Ok(stack) = &thread.diagnostics.stack else {
+            continue;
+        };
+        let Some(place) = restart::own_frame(stack, is_guard_poll) else {
+            continue;
+        };
+        let tid = Some(thread.diagnostics.tid);
+        for r in reconciles
+            .iter()
+            .filter(|r| r.thread.as_ref().and_then(|t| t.tid) == tid)
+        {
+            places.retain(|(id, _)| *id != r.id);
+            places.push((r.id, place.clone()));
+        }
     }
 }

@@ -19,8 +19,7 @@ use crate::health::Health;
 /// The running watchdog thread. Dropping it stops the thread.
 #[derive(Debug)]
 pub struct Monitor {
-    // Read by the tests and benchmarks (`status`); the checks hold their own.
-    #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
+    // The checks hold their own; the watchdog reads the cause of a liveness failure.
     status: Arc<Status>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -141,7 +140,6 @@ impl Monitor {
     }
 
     /// The state the checks read.
-    #[cfg(any(test, feature = "internals"))]
     #[must_use]
     pub fn status(&self) -> &Arc<Status> {
         &self.status

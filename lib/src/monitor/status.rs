@@ -7,12 +7,15 @@ use std::time::{Duration, Instant};
 use super::heartbeat::Heartbeat;
 use super::verdict;
 use crate::health::Check;
+use crate::restart::Cause;
 
 /// What the latest scan decided, for the health checks.
 #[derive(Debug, Default)]
 pub(super) struct Published {
     pub(super) reconcilers_failure: Option<String>,
     pub(super) runtime_failure: Option<String>,
+    /// Why liveness fails, kept for the restart, while it does.
+    pub(super) cause: Option<Arc<Cause>>,
     /// How many reconciles were overdue (for the tests and benchmarks).
     #[cfg_attr(not(any(test, feature = "internals")), allow(dead_code))]
     pub(super) overdue: usize,
@@ -50,6 +53,11 @@ impl Status {
         let previous = std::mem::replace(&mut *slot, published);
         drop(slot);
         drop(previous);
+    }
+
+    /// Why liveness fails, as the latest scan found it; `None` while it passes.
+    pub(crate) fn cause(&self) -> Option<Arc<Cause>> {
+        self.latest().cause.clone()
     }
 
     /// How many reconciles the latest scan found overdue.

@@ -221,3 +221,81 @@ fn emulator_an_api_outage_drops_events_and_slows_no_reconcile() {
         "a reconcile after the outage hung: {late:#?}"
     );
 }
+
+#[test]
+fn a_liveness_failure_gets_one_event_on_the_operators_own_pod_per_episode() {
+    const POD: &str = "reconcile-watchdog-5d8f7c9b4-x2x7q";
+    let cluster = Cluster::start("pod-event");
+    cluster.create("calm", None);
+    let operator = Operator::start_with_env(
+        &cluster,
+        DEADLINE,
+        &["--enable-fault-injection", "--stack-capture-after", "300ms"],
+        &[
+            ("POD_NAME", POD),
+            ("POD_NAMESPACE", &cluster.namespace),
+            ("POD_UID", "0a1b2c3d-0000-4000-8000-000000000001"),
+        ],
+    );
+    assert!(
+        eventually(SETTLE, || cluster.reconciled("calm")),
+        "the healthy object was not reconciled"
+    );
+    assert!(
+        events(&cluster, POD, "LivenessFailing").is_empty(),
+        "an Event on the Pod while liveness passes"
+    );
+    cluster.create("blocked-a", Some("block"));
+    assert!(
+        eventually(SETTLE, || !events(&cluster, POD, "LivenessFailing")
+            .is_empty()),
+        "no LivenessFailing Event on the operator's Pod"
+    );
+    let event = events(&cluster, POD, "LivenessFailing").remove(0);
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let regarding = event.regarding.clone().unwrap_or_default();
+    assert_eq!(
+        (
+            regarding.api_version.as_deref(),
+            regarding.kind.as_deref(),
+            regarding.namespace.as_deref(),
+            regarding.uid.as_deref()
+        ),
+        (
+            Some("v1"),
+            Some("Pod"),
+            Some(cluster.namespace.as_str()),
+            Some("0a1b2c3d-0000-4000-8000-000000000001")
+        )
+    );
+    let note = event.note.clone().unwrap_or_default();
+    assert!(note.len() <= 1024, "{} bytes", note.len());
+    assert!(
+        note.starts_with("reconcile-watchdog: liveness failed (reconcilers)")
+            && note.contains(&format!(
+                "configtemplates {}/blocked-a: ran ",
+                cluster.namespace
+            )),
+        "{note}"
+    );
+    if cfg!(all(feature = "stack-capture", target_os = "linux")) {
+        assert!(note.contains("block_forever"), "{note}");
+    }
+
+    // A second hang within the same failing episode adds no Event, and the first
+    // is not repeated.
+    cluster.create("blocked-b", Some("block"));
+    let blocked_b = format!("{}/blocked-b", cluster.namespace);
+    assert!(
+        operator.eventually_logged(
+            |e| is(e, "ERROR", "reconcile hung:") && e["object"] == blocked_b.as_str()
+        ),
+        "the second hang was not reported"
+    );
+    // Several scans (250 ms apart) and an Event write's time later.
+    std::thread::sleep(Duration::from_secs(3));
+    let all = events(&cluster, POD, "LivenessFailing");
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(seen(&all[0]), 1, "{all:#?}");
+    assert_eq!(operator.status("/healthz"), 500);
+}

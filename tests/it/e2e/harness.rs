@@ -406,6 +406,16 @@ impl Operator {
     /// Runs `run` against `cluster`'s kubeconfig with reconcile `deadline`, a 250 ms
     /// watchdog interval and `extra` flags (no metrics server unless they ask for one).
     pub fn start(cluster: &Cluster, deadline: Duration, extra: &[&str]) -> Self {
+        Self::start_with_env(cluster, deadline, extra, &[])
+    }
+
+    /// [`start`](Self::start) with `env` besides the kubeconfig.
+    pub fn start_with_env(
+        cluster: &Cluster,
+        deadline: Duration,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let deadline = format!("{}ms", deadline.as_millis());
         let probes: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let probe_flag = probes.to_string();
@@ -429,8 +439,10 @@ impl Operator {
             .kubeconfig
             .to_str()
             .expect("a UTF-8 kubeconfig path");
+        let mut env = env.to_vec();
+        env.push(("KUBECONFIG", kubeconfig));
         let mut operator = Self {
-            process: Process::start_with_env(&args, &[("KUBECONFIG", kubeconfig)]),
+            process: Process::start_with_env(&args, &env),
             probes,
             debug,
         };
