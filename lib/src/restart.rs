@@ -27,7 +27,8 @@ use crate::stack::Stack;
 /// Kubernetes keeps at most this many bytes of a termination message.
 pub const MESSAGE_BYTES: usize = 4096;
 
-/// Where Kubernetes reads the termination message by default.
+/// Where Kubernetes reads the termination message by default (the flag's default).
+#[cfg(feature = "clap")]
 pub(crate) const KUBERNETES_PATH: &str = "/dev/termination-log";
 
 /// How many culprits a cause keeps by name; the rest are counted. With long names fewer
