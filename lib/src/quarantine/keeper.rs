@@ -410,11 +410,12 @@ impl Keeper {
         }
     }
 
-    fn send(&self, job: Job) {
+    fn send(&self, job: Job) -> bool {
         match self.jobs.try_send(job) {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                false
             }
         }
     }
@@ -440,6 +441,7 @@ impl Observer for Keeper {
         recorded.retain(|id| failing.contains(id));
         let now = SystemTime::now();
         let mut failures = Vec::new();
+        let mut ids = Vec::new();
         for overdue in scan.decision.overdue.iter().filter(|o| o.fails_liveness) {
             if failures.len() == PER_SCAN {
                 break;
@@ -448,6 +450,7 @@ impl Observer for Keeper {
             if !recorded.insert(reconcile.id) {
                 continue;
             }
+            ids.push(reconcile.id);
             let action = if reconcile.cancel_requested {
                 "escalated"
             } else {
@@ -467,8 +470,9 @@ impl Observer for Keeper {
                 at: now,
             });
         }
-        if !failures.is_empty() {
-            self.send(Job::Failed(failures));
+        // A full queue loses nothing: the reconciles are handed on again at the next scan.
+        if !failures.is_empty() && !self.send(Job::Failed(failures)) {
+            recorded.retain(|id| !ids.contains(id));
         }
     }
 }
