@@ -684,7 +684,11 @@ mod tests {
             let lock = Arc::clone(&lock);
             guarded_thread(move || blocked_on_a_held_lock(&lock))
         };
-        let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
+        // The poll frame is read before the unwind: a capture that read it before the
+        // thread entered its poll, and unwound it once blocked, is tried again.
+        let stack = capture_eventually(tid, |s| {
+            s.mentions("blocked_on_a_held_lock") && !s.poll_frame_unread
+        });
         assert!(anchor::of(tid).is_some(), "the poll's frame is recorded");
         assert!(stack.mentions("guard::guarded::Guarded"), "{stack}");
         assert_eq!(stack.stopped_early, None, "{stack}");
@@ -714,7 +718,11 @@ mod tests {
                 blocked_under_a_false_poll_frame(&lock);
             })
         };
-        let stack = capture_eventually(tid, |s| s.mentions("blocked_on_a_held_lock"));
+        // As above: a capture that read the poll frame before the thread recorded it is
+        // tried again.
+        let stack = capture_eventually(tid, |s| {
+            s.mentions("blocked_on_a_held_lock") && !s.poll_frame_unread
+        });
         assert!(
             !stack.mentions("blocked_under_a_false_poll_frame"),
             "{stack}"
