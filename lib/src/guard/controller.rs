@@ -37,6 +37,8 @@ pub(crate) struct Controller {
     pub(super) in_flight: OwnLine<AtomicUsize>,
     /// An observer of its ends has panicked (logged once).
     pub(super) observer_panicked: AtomicBool,
+    /// A handle was asked for with another kind (logged once).
+    pub(super) other_kind_logged: AtomicBool,
 }
 
 impl Controller {
@@ -56,6 +58,7 @@ impl Controller {
             observers: [first, second],
             in_flight: OwnLine(AtomicUsize::new(0)),
             observer_panicked: AtomicBool::new(false),
+            other_kind_logged: AtomicBool::new(false),
             map: Arc::clone(map),
             name,
             kind,

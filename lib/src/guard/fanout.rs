@@ -48,6 +48,12 @@ impl Observer for Fanout {
             .filter_map(|o| o.controller(controller, kind))
             .reduce(|first, then| Arc::new(Both(first, then)))
     }
+
+    fn controller_dropped(&self, controller: &str, kind: &str) {
+        for observer in &self.observers {
+            observer.controller_dropped(controller, kind);
+        }
+    }
 }
 
 /// Two observers of one controller, told in order.

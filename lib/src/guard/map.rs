@@ -1,14 +1,18 @@
 //! The registry's map: a slot per entry under a key from a counter, sharded so that a
 //! scan holds up few registrations, and what every clone of the registry shares.
 
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, Weak, mpsc};
+use std::time::Duration;
 
 use dashmap::DashMap;
 
+use super::controller::Controller;
 use super::deadlines::Deadlines;
 use super::entry::{Entry, Epoch, KEY_MASK};
+use super::handle::Registration;
 use super::observer::{Ended, Observer};
 
 /// Shards of the in-flight map. A scan read-locks one shard at a time, which a
@@ -75,6 +79,64 @@ pub(super) struct Shared {
     pub(super) ended: mpsc::Sender<Ended>,
     /// Only the monitor takes ends; the lock is only ever tried (see `take_ended`).
     pub(super) ended_taken: Mutex<mpsc::Receiver<Ended>>,
+    /// The controllers by name, one per deadline: what a handle asked for again is found
+    /// here. Taken when a handle is asked for or dropped and when a `Registry` is cloned
+    /// or dropped; never by a reconcile, a scan or a scrape.
+    pub(super) named: Mutex<Named>,
+}
+
+/// How many controllers whose last handle was dropped a registry keeps, the latest
+/// dropped: asked for again, one is the same controller (same series, same spares), so
+/// a handle asked for per reconcile and dropped after it costs no new controller. The
+/// oldest beyond this are forgotten, and their observers told.
+pub(super) const RETIRED_KEPT: usize = 16;
+
+/// The controllers of a registry by name.
+#[derive(Default)]
+pub(super) struct Named {
+    /// Per name, a place per deadline.
+    pub(super) places: HashMap<Arc<str>, Vec<Place>>,
+    /// The places whose controller has no handle, oldest first: at most [`RETIRED_KEPT`].
+    pub(super) retired: VecDeque<(Arc<str>, Duration)>,
+    /// The `Registry` values alive: with none and no handle, no controller is kept.
+    pub(super) registries: usize,
+}
+
+/// One controller's place in the table.
+pub(super) struct Place {
+    pub(super) deadline: Duration,
+    /// Kept here too, so that a controller outlives its handles while retired. (The
+    /// controller holds the map: the table is emptied when nothing else holds it.)
+    pub(super) controller: Arc<Controller>,
+    /// Its handles' registration; dead while retired (or while its last handle drops).
+    pub(super) live: Weak<Registration>,
+}
+
+impl Named {
+    /// Whether a handle of any controller lives.
+    pub(super) fn any_live(&self) -> bool {
+        self.places
+            .values()
+            .flatten()
+            .any(|place| place.live.strong_count() > 0)
+    }
+
+    /// Takes the place of `name` with `deadline` out of the table.
+    pub(super) fn take(&mut self, name: &str, deadline: Duration) -> Option<Place> {
+        let places = self.places.get_mut(name)?;
+        let i = places.iter().position(|p| p.deadline == deadline)?;
+        let place = places.swap_remove(i);
+        if places.is_empty() {
+            self.places.remove(name);
+        }
+        Some(place)
+    }
+
+    /// Takes every place out: what nothing can ask for any more.
+    pub(super) fn take_all(&mut self) -> Vec<Place> {
+        self.retired.clear();
+        self.places.drain().flat_map(|(_, places)| places).collect()
+    }
 }
 
 /// A value alone on its cache line.
@@ -104,6 +166,7 @@ impl Shared {
             deadlines,
             ended,
             ended_taken: Mutex::new(ended_taken),
+            named: Mutex::new(Named::default()),
         }
     }
 

@@ -25,6 +25,15 @@ pub trait Observer: Send + Sync + 'static {
     /// The observer of the ends of `controller`'s reconciles of `kind`, or `None` to be
     /// told nothing of them (then an end costs the guard no clock read and no call).
     fn controller(&self, controller: &str, kind: &str) -> Option<Arc<dyn ControllerObserver>>;
+
+    /// The last handle of a controller it was asked about with
+    /// [`controller`](Self::controller) was dropped: no new reconcile of it will be
+    /// registered (one still running ends through its [`ControllerObserver`] as usual).
+    /// Told once per time it was asked, on the thread that dropped the handle; what it
+    /// kept for that controller (series, say) can go.
+    fn controller_dropped(&self, controller: &str, kind: &str) {
+        let _ = (controller, kind);
+    }
 }
 
 /// Told of each end of one controller's reconciles. It runs on the reconcile's own

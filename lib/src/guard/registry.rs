@@ -3,21 +3,58 @@
 //! cancel requests).
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, TryLockError};
+use std::sync::{Arc, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::deadlines::Deadlines;
 use super::entry::{Clocks, InFlight, PollState, key_of};
 use super::fanout::Fanout;
-use super::handle::ControllerHandle;
+use super::handle::{ControllerHandle, forget};
 use super::map::Shared;
 use super::observer::{Ended, Observer};
 use super::thread::InfoCache;
 
 /// The in-flight reconciles of a process. Cheap to clone: clones share one map.
-#[derive(Clone)]
 pub struct Registry {
     pub(super) shared: Arc<Shared>,
+}
+
+impl Registry {
+    /// A `Registry` value of `shared`, counted: when none is left and no handle lives,
+    /// the retired controllers are forgotten (they hold the map).
+    fn of(shared: Arc<Shared>) -> Self {
+        shared
+            .named
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .registries += 1;
+        Self { shared }
+    }
+}
+
+impl Clone for Registry {
+    fn clone(&self) -> Self {
+        Self::of(Arc::clone(&self.shared))
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let forgotten = {
+            let mut named = self
+                .shared
+                .named
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            named.registries -= 1;
+            if named.registries == 0 && !named.any_live() {
+                named.take_all()
+            } else {
+                Vec::new()
+            }
+        };
+        forget(&self.shared, forgotten);
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -50,9 +87,7 @@ impl Registry {
     }
 
     fn build(deadlines: Deadlines, observers: Vec<Arc<dyn Observer>>) -> Self {
-        Self {
-            shared: Arc::new(Shared::new(deadlines, observers)),
-        }
+        Self::of(Arc::new(Shared::new(deadlines, observers)))
     }
 
     /// The deadlines this registry hands out.
@@ -61,12 +96,22 @@ impl Registry {
         &self.shared.deadlines
     }
 
-    /// A handle that registers reconciles of one controller, with that controller's
-    /// deadline resolved once here rather than on every reconcile.
+    /// A handle that registers reconciles of controller `name`, with its deadline
+    /// resolved once here rather than on every reconcile.
+    ///
+    /// One controller per name: asking again returns a handle on the same controller
+    /// (same in-flight count, same series), so calling this once per reconcile costs a
+    /// lock and a look-up and grows nothing. The kind is the first call's: a later call
+    /// with another kind gets the same controller, with its first kind, and a WARN once
+    /// (a name is one controller of one kind, as in kube-runtime). When its last handle
+    /// is dropped, the controller is retired: the registry keeps the 16 latest retired,
+    /// so that a handle asked for per reconcile finds the same one; an older one is
+    /// forgotten, its observers told (the metrics remove its series), and asking for its
+    /// name again starts a new one.
     #[must_use]
     pub fn controller(&self, name: &str, kind: &str) -> ControllerHandle {
         let deadline = self.shared.deadlines.for_controller(name);
-        ControllerHandle::new(&self.shared, name.into(), kind.into(), deadline)
+        ControllerHandle::named(&self.shared, name, kind, deadline)
     }
 
     /// How many reconciles are in flight (a pass over the map).
@@ -257,9 +302,7 @@ impl ControllerHandle {
     /// The registry it registers in.
     #[must_use]
     pub fn registry(&self) -> Registry {
-        Registry {
-            shared: Arc::clone(&self.controller.map),
-        }
+        Registry::of(Arc::clone(&self.controller.map))
     }
 }
 

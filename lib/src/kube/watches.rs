@@ -205,6 +205,22 @@ impl Watches {
         entry.touch_at(now);
     }
 
+    /// Says that `controller` no longer watches anything (it stopped, or was dropped):
+    /// a resource no controller expects any more leaves the `watches` check and the
+    /// `watch_age` series.
+    pub fn forget(&self, controller: &str) {
+        let mut watched = self
+            .inner
+            .watched
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        watched.retain(|w| {
+            let mut controllers = w.controllers.lock().unwrap_or_else(|p| p.into_inner());
+            controllers.retain(|c| c != controller);
+            !controllers.is_empty()
+        });
+    }
+
     /// The layer for `kube::client::ClientBuilder::with_layer` that dates the signs of
     /// life of the expected watches.
     #[must_use]
@@ -606,6 +622,30 @@ mod tests {
                 .any(|w| w.resource == "configmaps"
                     && w.controllers == ["configtemplates", "secrets"])
         );
+    }
+
+    #[test]
+    fn a_forgotten_controller_leaves_the_watches_it_alone_expected() {
+        let (watches, _health) = watches(Some(SECOND));
+        let t0 = Instant::now();
+        watches.expect_at("templates", "configtemplates.example.com", t0);
+        watches.expect_at("templates", "configmaps", t0);
+        watches.expect_at("secrets", "configmaps", t0);
+        watches.forget("templates");
+        let ages = watches.ages(t0);
+        assert_eq!(ages.len(), 1, "{ages:?}");
+        assert_eq!(ages[0].resource, "configmaps");
+        assert_eq!(ages[0].controllers, ["secrets"]);
+        // Silent or not, a forgotten watch fails nothing.
+        assert!(
+            watches
+                .check_at(t0 + 10 * SECOND, SECOND)
+                .unwrap_err()
+                .starts_with("secrets: watch of configmaps")
+        );
+        watches.forget("secrets");
+        assert!(watches.ages(t0).is_empty());
+        assert_eq!(watches.check_at(t0 + 10 * SECOND, SECOND), Ok(()));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 
+use super::series::{MAX_CONTROLLER_SERIES, OTHER};
 use crate::health::Health;
 use crate::monitor::ApiServerStatus;
 
@@ -47,7 +48,9 @@ impl Collector for LeaseAgeCollector {
 }
 
 /// `reconcile_watchdog_watch_age_seconds{controller,resource}`, read at scrape time from
-/// the watches (one series per controller of a watched resource).
+/// the watches: one series per controller of a watched resource, for the first
+/// [`MAX_CONTROLLER_SERIES`] controllers named; the others' watches of a resource are
+/// one series labelled [`OTHER`] (a resource has one watch, so one age).
 #[derive(Clone, Debug, Default)]
 pub(super) struct WatchAges(pub(super) Arc<OnceLock<Arc<dyn crate::plug::WatchAges>>>);
 
@@ -66,12 +69,29 @@ impl Collector for WatchAges {
             Some(&Unit::Seconds),
             MetricType::Gauge,
         )?;
+        let mut named: Vec<&str> = Vec::new();
         for watch in &ages {
+            let mut other = false;
             for controller in &watch.controllers {
+                let own = controller != OTHER
+                    && (named.contains(&controller.as_str())
+                        || named.len() < MAX_CONTROLLER_SERIES);
+                if !own {
+                    other = true;
+                    continue;
+                }
+                if !named.contains(&controller.as_str()) {
+                    named.push(controller);
+                }
                 let labels = [
                     ("controller", controller.as_str()),
                     ("resource", watch.resource.as_str()),
                 ];
+                ConstGauge::new(watch.age.as_secs_f64()).encode(family.encode_family(&labels)?)?;
+            }
+            // One age per watched resource: the others' watch of it is the same watch.
+            if other {
+                let labels = [("controller", OTHER), ("resource", watch.resource.as_str())];
                 ConstGauge::new(watch.age.as_secs_f64()).encode(family.encode_family(&labels)?)?;
             }
         }

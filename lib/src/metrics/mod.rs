@@ -53,7 +53,7 @@ use crate::probes::routes::{get_or_head, no_trailing_slash, with_fallbacks};
 use collectors::{
     ApiServerReachability, CpuThrottled, EventsDropped, HealthChecks, LeaseAgeCollector, WatchAges,
 };
-use series::{ControllerSeries, Families};
+use series::{ControllerSeries, Controllers, Families};
 
 /// The prefix of every metric name.
 pub(crate) const PREFIX: &str = "reconcile_watchdog";
@@ -104,7 +104,9 @@ struct LeaderSeries {
 pub struct Metrics {
     registry: prometheus_client::registry::Registry,
     families: Families,
-    controllers: RwLock<HashMap<Arc<str>, Arc<ControllerSeries>>>,
+    /// The live controllers' series; a new or forgotten controller takes the write lock,
+    /// the monitor only tries the read lock.
+    controllers: RwLock<Controllers>,
     scan_duration: Histogram,
     runtime_heartbeat_age: Gauge<f64, AtomicU64>,
     hangs_unnamed: Counter,
@@ -162,7 +164,7 @@ impl Metrics {
         let mut metrics = Self {
             registry: prometheus_client::registry::Registry::default(),
             families,
-            controllers: RwLock::new(HashMap::new()),
+            controllers: RwLock::new(Controllers::default()),
             scan_duration,
             runtime_heartbeat_age,
             hangs_unnamed: Counter::default(),
@@ -451,8 +453,9 @@ impl Metrics {
 
     /// Like [`with_series`](Self::with_series) for the monitor, which never waits on a
     /// lock a scrape or a registration may hold: it only tries the controllers' lock,
-    /// and counts the update as skipped when it is held (or when the series are yet to be
-    /// made: the handle's registration makes them).
+    /// and counts the update as skipped when it is held. A controller with no series
+    /// (forgotten while its last reconciles run: see `Registry::controller`) has
+    /// nothing to update.
     fn try_with_series(&self, controller: &str, f: impl FnOnce(&ControllerSeries)) {
         let controllers = match self.controllers.try_read() {
             Ok(controllers) => controllers,
@@ -462,22 +465,18 @@ impl Metrics {
                 return;
             }
         };
-        match controllers.get(controller) {
-            Some(series) => f(series),
-            None => {
-                self.updates_skipped.inc();
-            }
+        if let Some(series) = controllers.get(controller) {
+            f(series);
         }
     }
 
-    /// `controller`'s series, made on first sight.
+    /// The series of a new controller `controller`, made on first sight of its name
+    /// (or the shared set's, past the bound).
     fn series(&self, controller: &str) -> Arc<ControllerSeries> {
-        let mut controllers = self.controllers.write().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(
-            controllers
-                .entry(controller.into())
-                .or_insert_with(|| Arc::new(ControllerSeries::new(&self.families, controller))),
-        )
+        self.controllers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .acquire(&self.families, controller)
     }
 }
 
@@ -488,6 +487,13 @@ impl guard::Observer for Metrics {
         _kind: &str,
     ) -> Option<Arc<dyn guard::ControllerObserver>> {
         Some(self.series(controller))
+    }
+
+    fn controller_dropped(&self, controller: &str, _kind: &str) {
+        self.controllers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(&self.families, controller);
     }
 }
 
@@ -524,20 +530,22 @@ impl monitor::Observer for Metrics {
         // registration take.
         match self.controllers.try_read() {
             Ok(controllers) => {
-                for (controller, series) in controllers.iter() {
+                for (controller, series) in controllers.own() {
                     let (in_flight, overdue) =
                         counts.get(&**controller).copied().unwrap_or_default();
                     series.in_flight.set(in_flight);
                     series.overdue.set(overdue);
                 }
-                // A controller counted whose series no handle made (none can be made here
-                // without the write lock): left out, and counted.
-                let unknown = counts
-                    .keys()
-                    .filter(|c| !controllers.contains_key(**c))
-                    .count();
-                self.updates_skipped
-                    .inc_by(u64::try_from(unknown).unwrap_or(u64::MAX));
+                if let Some((series, names)) = controllers.other() {
+                    let (in_flight, overdue) = names
+                        .filter_map(|name| counts.get(&**name))
+                        .fold((0, 0), |(i, o), (n, m)| (i + n, o + m));
+                    series.in_flight.set(in_flight);
+                    series.overdue.set(overdue);
+                }
+                // A controller counted that has no series is one forgotten while its
+                // last reconciles run (or of a registry these metrics do not observe):
+                // nothing to set.
             }
             Err(_) => {
                 self.updates_skipped.inc();

@@ -1,6 +1,8 @@
 //! Each controller's series, resolved once per controller so that a reconcile's end
-//! neither allocates nor formats labels.
+//! neither allocates nor formats labels, and the bounded table of them.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -76,6 +78,36 @@ pub(super) struct ControllerSeries {
 }
 
 impl ControllerSeries {
+    /// Removes the series labelled `controller` from `families`: a scrape no longer
+    /// shows them (a copy still held is written to unseen).
+    fn remove(families: &Families, controller: &str) {
+        let labels = ControllerLabels {
+            controller: controller.to_owned(),
+        };
+        for outcome in OUTCOMES {
+            families.reconcile_duration.remove(&OutcomeLabels {
+                controller: controller.to_owned(),
+                outcome: outcome.as_str(),
+            });
+        }
+        for state in [HangState::Awaiting, HangState::InPoll, HangState::Starved] {
+            families.hangs.remove(&HangLabels {
+                controller: controller.to_owned(),
+                state: state.as_str(),
+            });
+        }
+        for family in [&families.in_flight, &families.overdue] {
+            family.remove(&labels);
+        }
+        for family in [
+            &families.cancellations,
+            &families.escalations,
+            &families.near_misses,
+        ] {
+            family.remove(&labels);
+        }
+    }
+
     pub(super) fn new(families: &Families, controller: &str) -> Self {
         let labels = ControllerLabels {
             controller: controller.to_owned(),
@@ -125,5 +157,112 @@ impl guard::ControllerObserver for ControllerSeries {
         if end.is_near_miss() {
             self.near_misses.inc();
         }
+    }
+}
+
+/// How many controller names get series of their own; the others share the
+/// [`OTHER`] set, so that the series stay bounded whatever names an operator makes.
+pub(crate) const MAX_CONTROLLER_SERIES: usize = 64;
+
+/// The `controller` label of the series shared by the controllers past
+/// [`MAX_CONTROLLER_SERIES`] (and by one named `other`).
+pub(crate) const OTHER: &str = "other";
+
+/// The live controllers' series by name: at most [`MAX_CONTROLLER_SERIES`] sets of
+/// their own, and the [`OTHER`] set.
+#[derive(Debug, Default)]
+pub(super) struct Controllers {
+    names: HashMap<Arc<str>, Named>,
+    /// How many names have series of their own.
+    own: usize,
+    /// The set the others share, while one does, and how many do.
+    other: Option<(Arc<ControllerSeries>, usize)>,
+}
+
+#[derive(Debug)]
+struct Named {
+    series: Arc<ControllerSeries>,
+    /// Labelled with its own name (not [`OTHER`]).
+    own: bool,
+    /// How many controllers of this name are live (one per deadline).
+    live: usize,
+}
+
+impl Controllers {
+    /// The series of a new controller `name`: its own, while there is room, or the
+    /// shared set.
+    pub(super) fn acquire(&mut self, families: &Families, name: &str) -> Arc<ControllerSeries> {
+        if let Some(named) = self.names.get_mut(name) {
+            named.live += 1;
+            return Arc::clone(&named.series);
+        }
+        let own = self.own < MAX_CONTROLLER_SERIES && name != OTHER;
+        let series = if own {
+            self.own += 1;
+            Arc::new(ControllerSeries::new(families, name))
+        } else {
+            let (series, names) = self
+                .other
+                .get_or_insert_with(|| (Arc::new(ControllerSeries::new(families, OTHER)), 0));
+            *names += 1;
+            Arc::clone(series)
+        };
+        self.names.insert(
+            name.into(),
+            Named {
+                series: Arc::clone(&series),
+                own,
+                live: 1,
+            },
+        );
+        series
+    }
+
+    /// A controller `name` is gone: with the last of its name, its own series leave the
+    /// families (or, with the last of the names sharing it, the shared set).
+    pub(super) fn release(&mut self, families: &Families, name: &str) {
+        let Some(named) = self.names.get_mut(name) else {
+            return;
+        };
+        named.live -= 1;
+        if named.live > 0 {
+            return;
+        }
+        let own = named.own;
+        self.names.remove(name);
+        if own {
+            self.own -= 1;
+            ControllerSeries::remove(families, name);
+        } else if let Some((_, names)) = &mut self.other {
+            *names -= 1;
+            if *names == 0 {
+                self.other = None;
+                ControllerSeries::remove(families, OTHER);
+            }
+        }
+    }
+
+    /// The series `name`'s ends land in, if it is live.
+    pub(super) fn get(&self, name: &str) -> Option<&Arc<ControllerSeries>> {
+        self.names.get(name).map(|named| &named.series)
+    }
+
+    /// Every live name with series of its own, and its series.
+    pub(super) fn own(&self) -> impl Iterator<Item = (&Arc<str>, &ControllerSeries)> {
+        self.names
+            .iter()
+            .filter(|(_, named)| named.own)
+            .map(|(name, named)| (name, &*named.series))
+    }
+
+    /// The shared set, while a name shares it, and those names.
+    pub(super) fn other(&self) -> Option<(&ControllerSeries, impl Iterator<Item = &Arc<str>>)> {
+        let (series, _) = self.other.as_ref()?;
+        let names = self
+            .names
+            .iter()
+            .filter(|(_, named)| !named.own)
+            .map(|(name, _)| name);
+        Some((&**series, names))
     }
 }
