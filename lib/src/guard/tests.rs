@@ -7,6 +7,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use super::entry::{KEY_MASK, ObjectKey, Outcome, key_of};
+use super::map::RETIRED_KEPT;
 use super::observer::{ControllerObserver, Ended, Observer};
 use super::registry::Registry;
 use super::spares::SPARES_PER_THREAD;
@@ -504,4 +505,149 @@ fn a_registration_passes_over_a_shard_being_read() {
     drop(registering.join().expect("no panic"));
     drop(first);
     assert!(registry.is_empty());
+}
+
+/// Counts the controllers it is asked about and told are dropped, by name.
+#[derive(Default)]
+struct Counting {
+    asked: std::sync::Mutex<Vec<String>>,
+    dropped: std::sync::Mutex<Vec<String>>,
+}
+
+impl Counting {
+    fn asked(&self) -> Vec<String> {
+        self.asked.lock().unwrap().clone()
+    }
+
+    fn dropped(&self) -> Vec<String> {
+        self.dropped.lock().unwrap().clone()
+    }
+}
+
+impl Observer for Counting {
+    fn controller(&self, controller: &str, _: &str) -> Option<Arc<dyn ControllerObserver>> {
+        self.asked.lock().unwrap().push(controller.to_owned());
+        None
+    }
+
+    fn controller_dropped(&self, controller: &str, _: &str) {
+        self.dropped.lock().unwrap().push(controller.to_owned());
+    }
+}
+
+fn places(registry: &Registry) -> usize {
+    registry
+        .shared
+        .named
+        .lock()
+        .unwrap()
+        .places
+        .values()
+        .flatten()
+        .count()
+}
+
+#[test]
+fn a_name_asked_for_again_is_the_same_controller_and_grows_nothing() {
+    let counting = Arc::new(Counting::default());
+    let registry = Registry::with_observer(Duration::from_secs(60), counting.clone());
+    let held = registry.controller("docs", "Document");
+    for i in 0..100_000 {
+        let handle = registry.controller("docs", "Document");
+        assert!(Arc::ptr_eq(&handle.controller, &held.controller));
+        if i % 10_000 == 0 {
+            handle
+                .register(ObjectKey::cluster("readme"))
+                .finish(Outcome::Ok);
+        }
+    }
+    // Asked for per reconcile with no handle held between: retired and taken back.
+    drop(held);
+    let first = Arc::as_ptr(&registry.controller("docs", "Document").controller);
+    for _ in 0..100_000 {
+        let handle = registry.controller("docs", "Document");
+        assert_eq!(Arc::as_ptr(&handle.controller), first);
+        handle
+            .register(ObjectKey::cluster("readme"))
+            .finish(Outcome::Ok);
+    }
+    assert_eq!(counting.asked(), ["docs"], "its observers were asked once");
+    assert!(counting.dropped().is_empty());
+    assert_eq!(places(&registry), 1);
+    assert!(registry.shared.named.lock().unwrap().retired.len() <= 1);
+    assert!(
+        registry.shared.in_flight.len() <= SPARES_PER_THREAD,
+        "only the thread's spare is left in the map"
+    );
+
+    // Another kind: the same controller, which keeps its own.
+    let other_kind = registry.controller("docs", "Readme");
+    assert_eq!(Arc::as_ptr(&other_kind.controller), first);
+    assert_eq!(&*other_kind.controller.kind, "Document");
+
+    // Another deadline: a controller of its own, found again by it.
+    let short = other_kind.clone().with_deadline(Duration::from_secs(1));
+    assert_ne!(Arc::as_ptr(&short.controller), first);
+    let again = registry
+        .controller("docs", "Document")
+        .with_deadline(Duration::from_secs(1));
+    assert!(Arc::ptr_eq(&short.controller, &again.controller));
+    assert_eq!(places(&registry), 2);
+    assert_eq!(counting.asked(), ["docs", "docs"]);
+}
+
+#[test]
+fn a_thousand_names_dropped_keep_only_the_latest_retired_and_tell_the_others_gone() {
+    let counting = Arc::new(Counting::default());
+    let registry = Registry::with_observer(Duration::from_secs(60), counting.clone());
+    let kept = registry.controller("kept", "Widget");
+    for i in 0..1_000 {
+        let handle = registry.controller(&format!("c-{i}"), "Widget");
+        handle.register(ObjectKey::cluster("a")).finish(Outcome::Ok);
+    }
+    assert_eq!(counting.asked().len(), 1_001);
+    let dropped = counting.dropped();
+    assert_eq!(
+        dropped.len(),
+        1_000 - RETIRED_KEPT,
+        "each forgotten one told once"
+    );
+    assert_eq!(dropped[0], "c-0", "the oldest first");
+    assert_eq!(
+        places(&registry),
+        1 + RETIRED_KEPT,
+        "the held one and the retired"
+    );
+    assert!(registry.shared.in_flight.len() <= SPARES_PER_THREAD);
+
+    // The latest retired is the same controller taken back, told nothing; the first is
+    // a new one.
+    let latest = registry.controller("c-999", "Widget");
+    assert_eq!(counting.asked().len(), 1_001);
+    drop(latest);
+    drop(registry.controller("c-0", "Widget"));
+    assert_eq!(counting.asked().len(), 1_002);
+    assert!(!counting.dropped().contains(&"kept".to_owned()));
+
+    // With no registry and no handle left, the retired are forgotten: nothing keeps
+    // the map.
+    // (c-0 retired pushed out the oldest retired.)
+    assert_eq!(counting.dropped().len(), 1_000 - RETIRED_KEPT + 1);
+    let shared = Arc::downgrade(&registry.shared);
+    drop(registry);
+    assert_eq!(counting.dropped().len(), 1_000 - RETIRED_KEPT + 1);
+    drop(kept);
+    let mut asked = counting.asked();
+    let mut dropped = counting.dropped();
+    asked.sort();
+    dropped.sort();
+    assert_eq!(
+        dropped, asked,
+        "every controller asked for was told gone once"
+    );
+    // The test thread's spares still hold entries (and through them the map) until it
+    // exits; the table holds nothing.
+    if let Some(shared) = shared.upgrade() {
+        assert_eq!(shared.named.lock().unwrap().places.len(), 0);
+    }
 }

@@ -10,6 +10,7 @@ use crate::health::FnCheck;
 use crate::monitor::observer::DriverWakes;
 use crate::monitor::verdict::Verdict;
 use crate::monitor::{Config, HangPolicy};
+use series::MAX_CONTROLLER_SERIES;
 
 fn line<'a>(exposition: &'a str, prefix: &str) -> Option<&'a str> {
     exposition
@@ -454,5 +455,199 @@ fn api_server_reachability_is_shown_once_checked() {
             "reconcile_watchdog_api_server_reachable "
         ),
         Some("1")
+    );
+}
+
+/// The distinct values of `label` on the lines of `family` (a name with its braces).
+fn label_values(exposition: &str, family: &str, label: &str) -> std::collections::BTreeSet<String> {
+    let key = format!("{label}=\"");
+    exposition
+        .lines()
+        .filter(|l| l.starts_with(family))
+        .filter_map(|l| {
+            let rest = &l[l.find(&key)? + key.len()..];
+            Some(rest[..rest.find('"')?].to_owned())
+        })
+        .collect()
+}
+
+/// Scans `registry` once at `now` into `metrics`, as the monitor does.
+fn scan_once(metrics: &Metrics, registry: &Registry, now: Instant) {
+    let (mut in_flight, mut counts) = (Vec::new(), Vec::new());
+    registry.scan_into(now, false, &mut in_flight, &mut counts);
+    let decision = Verdict::new(Config::default()).step(&in_flight, Vec::new(), None, now);
+    monitor::Observer::scanned(
+        metrics,
+        &Scan {
+            attention: &in_flight,
+            in_flight_by_controller: &counts,
+            decision: &decision,
+            took: Duration::from_micros(70),
+            runtime_heartbeat_age: None,
+            driver_rescues: 0,
+            driver_wakes: DriverWakes::default(),
+            cause: None,
+        },
+    );
+}
+
+#[test]
+fn controllers_past_the_bound_share_the_other_series() {
+    let metrics = Metrics::new(Arc::new(Health::new()));
+    let registry = Registry::with_observer(
+        Duration::from_secs(60),
+        Arc::clone(&metrics) as Arc<dyn crate::guard::Observer>,
+    );
+    let handles: Vec<_> = (0..1_000)
+        .map(|i| registry.controller(&format!("c-{i}"), "Widget"))
+        .collect();
+    // Two reconciles in flight past the bound, one within it; one ended past it.
+    let _running = [
+        handles[0].register(ObjectKey::cluster("a")),
+        handles[500].register(ObjectKey::cluster("b")),
+        handles[999].register(ObjectKey::cluster("c")),
+    ];
+    handles[700]
+        .register(ObjectKey::cluster("d"))
+        .finish(Outcome::Ok);
+    scan_once(&metrics, &registry, Instant::now());
+    let text = metrics.encode();
+
+    let in_flight = "reconcile_watchdog_reconciles_in_flight{";
+    let controllers = label_values(&text, in_flight, "controller");
+    assert_eq!(
+        controllers.len(),
+        MAX_CONTROLLER_SERIES + 1,
+        "{controllers:?}"
+    );
+    assert!(controllers.contains("other") && controllers.contains("c-0"));
+    assert!(!controllers.contains("c-999"));
+    assert_eq!(
+        line(
+            &text,
+            "reconcile_watchdog_reconciles_in_flight{controller=\"other\"} "
+        ),
+        Some("2"),
+        "the others' in flight, summed"
+    );
+    assert_eq!(
+        line(
+            &text,
+            "reconcile_watchdog_reconciles_in_flight{controller=\"c-0\"} "
+        ),
+        Some("1")
+    );
+    assert_eq!(
+        line(
+            &text,
+            "reconcile_watchdog_reconcile_duration_seconds_count{controller=\"other\",outcome=\"ok\"} "
+        ),
+        Some("1")
+    );
+    // Every line that names a controller names one of those 65.
+    let series = text.lines().filter(|l| l.contains("controller=\"")).count();
+    let per_controller = series / (MAX_CONTROLLER_SERIES + 1);
+    assert_eq!(series % (MAX_CONTROLLER_SERIES + 1), 0, "{text}");
+    assert!(
+        per_controller < 120,
+        "{per_controller} lines per controller"
+    );
+
+    // The same name asked for 100,000 more times: not one line more.
+    for _ in 0..100_000 {
+        drop(registry.controller("c-0", "Widget"));
+    }
+    scan_once(&metrics, &registry, Instant::now());
+    let again = metrics.encode();
+    assert_eq!(
+        again
+            .lines()
+            .filter(|l| l.contains("controller=\""))
+            .count(),
+        series
+    );
+}
+
+#[test]
+fn a_forgotten_controllers_series_leave_the_scrape() {
+    let metrics = Metrics::new(Arc::new(Health::new()));
+    let registry = Registry::with_observer(
+        Duration::from_secs(60),
+        Arc::clone(&metrics) as Arc<dyn crate::guard::Observer>,
+    );
+    let gone = registry.controller("gone", "Widget");
+    gone.register(ObjectKey::cluster("a")).finish(Outcome::Ok);
+    let kept = registry.controller("kept", "Widget");
+    kept.register(ObjectKey::cluster("a")).finish(Outcome::Ok);
+    let named = |text: &str| {
+        label_values(
+            text,
+            "reconcile_watchdog_reconciles_in_flight{",
+            "controller",
+        )
+    };
+    assert!(named(&metrics.encode()).contains("gone"));
+
+    // Dropped, it is retired: its series stay while it may be asked for again.
+    drop(gone);
+    assert!(named(&metrics.encode()).contains("gone"));
+    // Pushed out of the retired by as many later ones: its series are gone, and so are
+    // those of the thousand that came and went after it but the latest retired.
+    for i in 0..1_000 {
+        drop(registry.controller(&format!("c-{i}"), "Widget"));
+    }
+    let text = metrics.encode();
+    let names = named(&text);
+    assert!(!text.contains("controller=\"gone\""), "{text}");
+    assert!(names.contains("kept"));
+    assert!(!names.contains("other"), "{names:?}");
+    assert_eq!(names.len(), 1 + 16, "{names:?}");
+
+    // A name asked for again after it was forgotten starts from nothing.
+    let back = registry.controller("gone", "Widget");
+    let text = metrics.encode();
+    assert_eq!(
+        line(
+            &text,
+            "reconcile_watchdog_reconcile_duration_seconds_count{controller=\"gone\",outcome=\"ok\"} "
+        ),
+        Some("0")
+    );
+
+    // With the registry and every handle dropped, none is left.
+    drop((registry, back, kept));
+    let text = metrics.encode();
+    assert!(named(&text).is_empty(), "{text}");
+}
+
+#[test]
+fn watch_ages_past_the_bound_share_the_other_series() {
+    #[derive(Debug)]
+    struct Many;
+    impl crate::plug::WatchAges for Many {
+        fn attach(&self, _: &Arc<Health>) {}
+        fn ages(&self, _: std::time::Instant) -> Vec<crate::plug::WatchAge> {
+            vec![crate::plug::WatchAge {
+                controllers: (0..1_000).map(|i| format!("c-{i}")).collect(),
+                resource: "configmaps".into(),
+                age: Duration::from_secs(3),
+            }]
+        }
+    }
+    let metrics = Metrics::new(Arc::new(Health::new()));
+    metrics.serve_watch_ages(Arc::new(Many));
+    let text = metrics.encode();
+    let controllers = label_values(&text, "reconcile_watchdog_watch_age_seconds{", "controller");
+    assert_eq!(
+        controllers.len(),
+        MAX_CONTROLLER_SERIES + 1,
+        "{controllers:?}"
+    );
+    assert_eq!(
+        line(
+            &text,
+            "reconcile_watchdog_watch_age_seconds{controller=\"other\",resource=\"configmaps\"} "
+        ),
+        Some("3.0")
     );
 }
