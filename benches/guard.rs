@@ -1,4 +1,4 @@
-//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; the monitor's scan, and a rescue's copy of the reconciles in a poll, at 1,000 to 100,000 in flight; and what an end-of-reconcile observer (the deadline advisor, the metrics) adds.
+//! Criterion benches: a guarded reconcile beside its floor, the bare future and a timer per reconcile, on 1 and 2 threads; the monitor's scan, and a rescue's copy of the reconciles in a poll, at 1,000 to 100,000 in flight; what an end-of-reconcile observer (the deadline advisor, the metrics) adds; and a controller's handle asked for by name, and the scrape with 1,000 controllers.
 
 mod support;
 
@@ -111,6 +111,51 @@ fn observed(c: &mut Criterion) {
     group.finish();
 }
 
+/// `controllers/by_name`: a handle asked for by a name already live (a lock and a
+/// look-up); `controllers/by_name_retired`: the same with no handle held between calls,
+/// as a handle asked for per reconcile is (the retired controller taken back);
+/// `controllers/scrape/{names}`: one encoding of the metrics with that many controllers
+/// live (at most 64 have series of their own, the rest share `other`). Prints each
+/// scrape's size.
+fn controllers(c: &mut Criterion) {
+    use std::sync::Arc;
+
+    use reconcile_watchdog::guard::{Observer, Registry};
+    use reconcile_watchdog::health::Health;
+    use reconcile_watchdog::internals::MetricsInternals;
+    use reconcile_watchdog::metrics::Metrics;
+
+    let mut group = c.benchmark_group("controllers");
+    let registry = Registry::new(support::DEADLINE);
+    let held = registry.controller("docs", "Document");
+    group.bench_function("by_name", |b| {
+        b.iter(|| black_box(registry.controller(black_box("docs"), "Document")));
+    });
+    drop(held);
+    group.bench_function("by_name_retired", |b| {
+        b.iter(|| black_box(registry.controller(black_box("docs"), "Document")));
+    });
+    for names in [64, 1_000] {
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        let registry =
+            Registry::with_observer(support::DEADLINE, Arc::clone(&metrics) as Arc<dyn Observer>);
+        let handles: Vec<_> = (0..names)
+            .map(|i| registry.controller(&format!("controller-{i}"), "Widget"))
+            .collect();
+        let text = metrics.encode();
+        println!(
+            "controllers/scrape/{names}: {} bytes, {} lines",
+            text.len(),
+            text.lines().count()
+        );
+        group.bench_function(BenchmarkId::new("scrape", names), |b| {
+            b.iter(|| black_box(metrics.encode()));
+        });
+        drop(handles);
+    }
+    group.finish();
+}
+
 /// `reference/instant_now`: one monotonic clock read, the unit the guard's cost is
 /// mostly made of.
 fn clock(c: &mut Criterion) {
@@ -124,6 +169,6 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(3));
-    targets = guard_overhead, scan, clock, observed
+    targets = guard_overhead, scan, clock, observed, controllers
 }
 criterion_main!(benches);

@@ -87,7 +87,7 @@ impl Drop for Registration {
                 .is_some_and(|place| std::ptr::eq(place.live.as_ptr(), this));
             if !ours {
                 Vec::new()
-            } else if named.registries == 0 && !named.any_live() {
+            } else if map.registries.load(Ordering::Acquire) == 0 && !named.any_live() {
                 // Nothing can ask for a controller of this registry any more.
                 named.take_all()
             } else {

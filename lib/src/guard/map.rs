@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::Duration;
 
@@ -80,9 +80,12 @@ pub(super) struct Shared {
     /// Only the monitor takes ends; the lock is only ever tried (see `take_ended`).
     pub(super) ended_taken: Mutex<mpsc::Receiver<Ended>>,
     /// The controllers by name, one per deadline: what a handle asked for again is found
-    /// here. Taken when a handle is asked for or dropped and when a `Registry` is cloned
-    /// or dropped; never by a reconcile, a scan or a scrape.
+    /// here. Taken when a handle is asked for or its controller's last one dropped, and
+    /// when the last `Registry` value drops; never by a reconcile, a scan, a scrape or
+    /// a `Registry`'s clone (the monitor's).
     pub(super) named: Mutex<Named>,
+    /// The `Registry` values alive: with none and no handle, no controller is kept.
+    pub(super) registries: AtomicUsize,
 }
 
 /// How many controllers whose last handle was dropped a registry keeps, the latest
@@ -98,8 +101,6 @@ pub(super) struct Named {
     pub(super) places: HashMap<Arc<str>, Vec<Place>>,
     /// The places whose controller has no handle, oldest first: at most [`RETIRED_KEPT`].
     pub(super) retired: VecDeque<(Arc<str>, Duration)>,
-    /// The `Registry` values alive: with none and no handle, no controller is kept.
-    pub(super) registries: usize,
 }
 
 /// One controller's place in the table.
@@ -167,6 +168,7 @@ impl Shared {
             ended,
             ended_taken: Mutex::new(ended_taken),
             named: Mutex::new(Named::default()),
+            registries: AtomicUsize::new(0),
         }
     }
 

@@ -20,14 +20,11 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A `Registry` value of `shared`, counted: when none is left and no handle lives,
-    /// the retired controllers are forgotten (they hold the map).
+    /// A `Registry` value of `shared`, counted (no lock: the monitor clones one): when
+    /// none is left and no handle lives, the retired controllers are forgotten (they
+    /// hold the map). One made while none is left comes from a live handle.
     fn of(shared: Arc<Shared>) -> Self {
-        shared
-            .named
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .registries += 1;
+        shared.registries.fetch_add(1, Ordering::Relaxed);
         Self { shared }
     }
 }
@@ -40,14 +37,17 @@ impl Clone for Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
+        if self.shared.registries.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
         let forgotten = {
             let mut named = self
                 .shared
                 .named
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            named.registries -= 1;
-            if named.registries == 0 && !named.any_live() {
+            // Read under the lock, as a last handle's drop reads it.
+            if self.shared.registries.load(Ordering::Acquire) == 0 && !named.any_live() {
                 named.take_all()
             } else {
                 Vec::new()

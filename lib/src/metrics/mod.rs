@@ -277,7 +277,7 @@ impl Metrics {
         );
         registry.register(
             "metrics_updates_skipped",
-            "Updates of these metrics the watchdog's monitor left out because a scrape or a new controller held the lock they need (the monitor never waits for one)",
+            "Updates of these metrics the watchdog's monitor left out because a new or forgotten controller held the lock they need (the monitor never waits for one)",
             self.updates_skipped.clone(),
         );
         registry.register_collector(Box::new(CpuThrottled(
