@@ -7,6 +7,7 @@
 mod support;
 
 mod bad_input;
+mod controller_names;
 mod crd;
 mod deadlines;
 mod debug_reconciles;
