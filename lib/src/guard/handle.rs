@@ -30,7 +30,7 @@ use super::spares::{SPARES, release};
 pub struct ControllerHandle {
     pub(super) controller: Arc<Controller>,
     /// Held by every handle of the controller: its drop, with the last handle's,
-    /// unregisters the controller. Apart from `controller`, which entries also hold.
+    /// retires the controller. Apart from `controller`, which entries also hold.
     _registration: Arc<Registration>,
 }
 

@@ -26,11 +26,12 @@ pub trait Observer: Send + Sync + 'static {
     /// told nothing of them (then an end costs the guard no clock read and no call).
     fn controller(&self, controller: &str, kind: &str) -> Option<Arc<dyn ControllerObserver>>;
 
-    /// The last handle of a controller it was asked about with
-    /// [`controller`](Self::controller) was dropped: no new reconcile of it will be
-    /// registered (one still running ends through its [`ControllerObserver`] as usual).
-    /// Told once per time it was asked, on the thread that dropped the handle; what it
-    /// kept for that controller (series, say) can go.
+    /// A controller it was asked about with [`controller`](Self::controller) is
+    /// forgotten: its last handle was dropped and it was pushed out of the registry's
+    /// latest retired (or no `Registry` and no handle is left). No new reconcile of it
+    /// will be registered (one still running ends through its [`ControllerObserver`]
+    /// as usual). Told once per time it was asked, on the thread that dropped the
+    /// handle or registry; what it kept for that controller (series, say) can go.
     fn controller_dropped(&self, controller: &str, kind: &str) {
         let _ = (controller, kind);
     }
