@@ -49,9 +49,9 @@ impl Observer for Fanout {
             .reduce(|first, then| Arc::new(Both(first, then)))
     }
 
-    fn controller_dropped(&self, controller: &str, kind: &str) {
+    fn controller_forgotten(&self, controller: &str, kind: &str) {
         for observer in &self.observers {
-            observer.controller_dropped(controller, kind);
+            observer.controller_forgotten(controller, kind);
         }
     }
 }

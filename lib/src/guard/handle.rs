@@ -61,7 +61,7 @@ pub(super) fn forget(map: &Shared, places: Vec<Place>) {
         let controller = &place.controller;
         for observer in &map.observers {
             let told = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                observer.controller_dropped(&controller.name, &controller.kind);
+                observer.controller_forgotten(&controller.name, &controller.kind);
             }));
             if told.is_err() {
                 tracing::error!(

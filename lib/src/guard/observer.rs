@@ -32,7 +32,7 @@ pub trait Observer: Send + Sync + 'static {
     /// will be registered (one still running ends through its [`ControllerObserver`]
     /// as usual). Told once per time it was asked, on the thread that dropped the
     /// handle or registry; what it kept for that controller (series, say) can go.
-    fn controller_dropped(&self, controller: &str, kind: &str) {
+    fn controller_forgotten(&self, controller: &str, kind: &str) {
         let _ = (controller, kind);
     }
 }

@@ -531,7 +531,7 @@ impl Observer for Counting {
         None
     }
 
-    fn controller_dropped(&self, controller: &str, _: &str) {
+    fn controller_forgotten(&self, controller: &str, _: &str) {
         self.dropped.lock().unwrap().push(controller.to_owned());
     }
 }

@@ -489,7 +489,7 @@ impl guard::Observer for Metrics {
         Some(self.series(controller))
     }
 
-    fn controller_dropped(&self, controller: &str, _kind: &str) {
+    fn controller_forgotten(&self, controller: &str, _kind: &str) {
         self.controllers
             .write()
             .unwrap_or_else(|p| p.into_inner())
