@@ -30,6 +30,9 @@ pub(crate) const QUEUE: usize = 256;
 /// The most new liveness failures one scan hands on: a mass hang records its first few.
 const PER_SCAN: usize = 16;
 
+/// The quarantined objects the debug views name; the rest are counted.
+pub(crate) const QUARANTINED_NAMED: usize = 10;
+
 /// How often the thread reads the ledger again, for what other replicas or a person
 /// wrote (an entry deleted by hand lifts its quarantine within this).
 const REFRESH_EVERY: Duration = Duration::from_secs(30);
@@ -331,7 +334,6 @@ impl Keeper {
 
     /// The objects this process found quarantined, per controller.
     #[must_use]
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn quarantined(&self) -> Vec<(String, String)> {
         let announced = self
             .shared
@@ -341,6 +343,20 @@ impl Keeper {
         let mut all: Vec<_> = announced.keys().cloned().collect();
         all.sort();
         all
+    }
+
+    /// How many objects this process found quarantined, and the first
+    /// [`QUARANTINED_NAMED`] of them by controller and name (`controller
+    /// namespace/name`): what the debug views show, bounded however many there are.
+    #[must_use]
+    pub(crate) fn quarantined_named(&self) -> (usize, Vec<String>) {
+        let all = self.quarantined();
+        let named = all
+            .iter()
+            .take(QUARANTINED_NAMED)
+            .map(|(controller, object)| format!("{controller} {object}"))
+            .collect();
+        (all.len(), named)
     }
 
     /// The ledger as last read or written.
@@ -819,6 +835,18 @@ impl Keeper {
     /// Whether the thread has read the ledger once.
     pub(crate) fn shared_loaded(&self) -> bool {
         self.shared.loaded.load(Ordering::Acquire)
+    }
+
+    /// Marks `object` of `controller` as found quarantined, as an admission would.
+    pub(crate) fn announce_for_test(&self, controller: &str, object: &str) {
+        self.shared
+            .announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (controller.to_owned(), object.to_owned()),
+                SystemTime::now(),
+            );
     }
 
     /// Hands `failures` to the thread, as one scan would; whether the queue had room.
