@@ -381,6 +381,9 @@ impl Keeper {
     #[cfg(feature = "metrics")]
     pub(crate) fn attach_metrics(&self, metrics: Arc<Metrics>) {
         let _ = self.shared.metrics.set(metrics);
+        // The ledger may have been read already.
+        let ledger = self.shared.ledger.read().unwrap_or_else(|p| p.into_inner());
+        publish_recorded(&self.shared, &ledger);
     }
 
     /// Forgets that `key` was announced; whether it was.
@@ -616,7 +619,7 @@ impl Drop for Keeper {
 /// The thread: read, then record failures as they come and read again now and then.
 fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
     if let Some(ledger) = read(shared, &mut store) {
-        *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+        adopt(shared, ledger);
     }
     shared.loaded.store(true, Ordering::Release);
     shared.loaded_tx.send_replace(true);
@@ -625,7 +628,7 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
             Ok(job) => job,
             Err(RecvTimeoutError::Timeout) => {
                 if let Some(ledger) = read(shared, &mut store) {
-                    *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+                    adopt(shared, ledger);
                 }
                 continue;
             }
@@ -637,7 +640,7 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
         batch.append(&mut shared.overflow.lock().unwrap_or_else(|p| p.into_inner()));
         if batch.iter().any(|job| matches!(job, Job::Reload)) {
             if let Some(ledger) = read(shared, &mut store) {
-                *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+                adopt(shared, ledger);
             }
             shared.loaded.store(true, Ordering::Release);
             shared.loaded_tx.send_replace(true);
@@ -649,6 +652,22 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
+    }
+}
+
+/// Makes `ledger`, as read, the one in memory, and its count of failures the metric's:
+/// a restarted process exports what its predecessors recorded from its first read.
+fn adopt(shared: &Shared, ledger: Ledger) {
+    let mut memory = shared.ledger.write().unwrap_or_else(|p| p.into_inner());
+    *memory = ledger;
+    publish_recorded(shared, &memory);
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn publish_recorded(shared: &Shared, ledger: &Ledger) {
+    #[cfg(feature = "metrics")]
+    if let Some(metrics) = shared.metrics.get() {
+        metrics.set_quarantine_recorded(ledger.recorded);
     }
 }
 
@@ -784,10 +803,7 @@ fn write(shared: &Shared, store: &mut impl Store, mut batch: Vec<Job>) {
         }
         None => apply(&mut memory),
     }
-    #[cfg(feature = "metrics")]
-    if let Some(metrics) = shared.metrics.get() {
-        metrics.set_quarantine_recorded(memory.recorded);
-    }
+    publish_recorded(shared, &memory);
 }
 
 /// Fills in the uid and generation of each failure from its controller's cache.

@@ -407,6 +407,59 @@ mod keeper {
         }
     }
 
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_recorded_failures_metric_is_what_the_ledger_read_says_from_the_first_read() {
+        use crate::health::Health;
+        use crate::metrics::Metrics;
+
+        let series = |metrics: &Metrics| {
+            metrics
+                .encode()
+                .lines()
+                .find(|l| l.starts_with("reconcile_watchdog_quarantine_recorded_failures "))
+                .map(str::to_owned)
+        };
+        let q = Quarantine::new(2, HOUR);
+        let mut theirs = Ledger::new();
+        for object in ["ns/a", "ns/b", "ns/a"] {
+            let now = SystemTime::now();
+            q.record(&mut theirs, failure(object, "u1", 1, now), now);
+        }
+        // Metrics attached before the first read, as the watchdog's builder does.
+        let keeper = Keeper::new(q);
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        keeper.attach_metrics(Arc::clone(&metrics));
+        assert_eq!(
+            series(&metrics).as_deref(),
+            Some("reconcile_watchdog_quarantine_recorded_failures 0")
+        );
+        keeper
+            .start(MemoryStore {
+                stored: stored(&theirs.encode()),
+            })
+            .unwrap();
+        eventually(|| keeper.shared_loaded());
+        assert_eq!(
+            series(&metrics).as_deref(),
+            Some("reconcile_watchdog_quarantine_recorded_failures 3")
+        );
+        // Attached after the read: the same.
+        let read_first = Keeper::new(q);
+        read_first
+            .start(MemoryStore {
+                stored: stored(&theirs.encode()),
+            })
+            .unwrap();
+        eventually(|| read_first.shared_loaded());
+        let late = Metrics::new(Arc::new(Health::new()));
+        read_first.attach_metrics(Arc::clone(&late));
+        assert_eq!(
+            series(&late).as_deref(),
+            Some("reconcile_watchdog_quarantine_recorded_failures 3")
+        );
+    }
+
     #[test]
     fn a_full_queue_loses_nothing_once_the_store_answers_again() {
         use std::sync::mpsc;
