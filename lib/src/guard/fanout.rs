@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::Outcome;
 use super::observer::{ControllerObserver, LateEnd, Observer};
+use super::reconcile::Outcome;
 
 /// Tells every observer it holds, in order, of every end.
 #[derive(Clone, Default)]

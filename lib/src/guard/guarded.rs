@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
-use super::entry::{Entry, Outcome};
+use super::entry::Entry;
+use super::reconcile::Outcome;
 use super::reconcile_guard::Guard;
 use super::{current, thread};
 

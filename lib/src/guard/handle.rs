@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use super::clock;
 use super::controller::Controller;
-use super::entry::{Entry, ObjectKey};
+use super::entry::Entry;
 use super::guarded::Guarded;
 use super::map::{Shared, Slot};
+use super::reconcile::ObjectKey;
 use super::reconcile_guard::Guard;
 use super::spares::{SPARES, release};
 

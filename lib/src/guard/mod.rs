@@ -21,6 +21,7 @@ mod handle;
 #[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub(crate) mod map;
 mod observer;
+mod reconcile;
 mod reconcile_guard;
 #[cfg_attr(not(feature = "internals"), allow(unreachable_pub))]
 pub(crate) mod registry;
@@ -38,12 +39,12 @@ pub use deadlines::Deadlines;
 pub(crate) use deadlines::NEAR_MISS_SHARE;
 #[cfg(feature = "_kube")]
 pub(crate) use entry::Entry;
-pub use entry::{InFlight, ObjectKey, Outcome, PollState};
 pub use fanout::Fanout;
 pub use guarded::{Error, Guarded};
 pub use handle::ControllerHandle;
 pub(crate) use map::BuildIdHasher;
 pub use observer::{ControllerObserver, Ended, LateEnd, Observer};
+pub use reconcile::{InFlight, ObjectKey, Outcome, PollState};
 pub use reconcile_guard::Guard;
 #[cfg_attr(not(test), allow(unused_imports))]
 pub(crate) use registry::ControllerCounts;

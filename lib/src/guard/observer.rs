@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::{InFlight, ObjectKey, Outcome};
+use super::reconcile::{InFlight, ObjectKey, Outcome};
 
 /// A reconcile that ended after the monitor had reported it hung; the monitor drains
 /// these to write the "ended after hang" event.

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use super::clock;
 use super::controller::Controller;
-use super::entry::{Entry, Outcome};
+use super::entry::Entry;
 use super::observer::{Ended, LateEnd};
+use super::reconcile::Outcome;
 use super::spares::{keep_as_spare, leave_map};
 
 /// Keeps one reconcile in the registry for as long as it lives.

@@ -7,11 +7,12 @@ use std::sync::{Arc, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::deadlines::Deadlines;
-use super::entry::{Clocks, InFlight, PollState, key_of};
+use super::entry::{Clocks, key_of};
 use super::fanout::Fanout;
 use super::handle::ControllerHandle;
 use super::map::Shared;
 use super::observer::{Ended, Observer};
+use super::reconcile::{InFlight, PollState};
 use super::thread::InfoCache;
 
 /// The in-flight reconciles of a process. Cheap to clone: clones share one map.

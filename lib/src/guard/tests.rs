@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use super::entry::{KEY_MASK, ObjectKey, Outcome, key_of};
+use super::entry::{KEY_MASK, key_of};
 use super::observer::{ControllerObserver, Ended, Observer};
+use super::reconcile::{ObjectKey, Outcome};
 use super::registry::Registry;
 use super::spares::SPARES_PER_THREAD;
 use super::state::KEY_BITS;
