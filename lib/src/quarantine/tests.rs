@@ -407,6 +407,95 @@ mod keeper {
         }
     }
 
+    #[test]
+    fn the_stacks_first_own_frame_is_recorded_with_the_failure_or_when_captured_later() {
+        use crate::guard::Registry;
+        use crate::monitor::observer::DriverWakes;
+        use crate::monitor::verdict::Verdict;
+        use crate::monitor::{Config, HangPolicy, Observer, Scan};
+
+        let memory = MemoryStore::default();
+        let stored = Arc::clone(&memory.stored);
+        let keeper = Keeper::new(Quarantine::new(2, HOUR));
+        keeper.start(memory).unwrap();
+        eventually(|| keeper.shared_loaded());
+        let registry = Registry::new(Duration::from_secs(60));
+        let widgets = registry.controller("widgets", "Widget");
+        let zero = widgets.clone().with_deadline(Duration::ZERO);
+        let _early = zero.register(ObjectKey::namespaced("ns", "early"));
+        let _late = zero.register(ObjectKey::namespaced("ns", "late"));
+        let mut verdict = Verdict::new(Config {
+            policy: HangPolicy::Restart,
+            ..Config::default()
+        });
+        let mut scan = |frames: &[(&str, &str)]| {
+            let now = Instant::now();
+            let (mut attention, mut counts) = (Vec::new(), Vec::new());
+            registry.scan_into(now, false, &mut attention, &mut counts);
+            let decision = verdict.step(&attention, registry.take_ended(), None, now);
+            let own_frames: Vec<(u64, String)> = frames
+                .iter()
+                .filter_map(|(object, frame)| {
+                    let r = attention.iter().find(|r| r.object.as_str() == *object)?;
+                    Some((r.id, (*frame).to_owned()))
+                })
+                .collect();
+            keeper.scanned(&Scan {
+                attention: &attention,
+                in_flight_by_controller: &counts,
+                decision: &decision,
+                took: Duration::ZERO,
+                runtime_heartbeat_age: None,
+                driver_rescues: 0,
+                driver_wakes: DriverWakes::default(),
+                cause: None,
+                own_frames: &own_frames,
+            });
+        };
+        let entry = |object: &str| {
+            let bytes = stored.lock().unwrap().bytes.clone()?;
+            Ledger::decode(&bytes)
+                .ok()?
+                .entry("widgets", object)
+                .cloned()
+        };
+        // `early`'s stack was captured by the scan that failed liveness; `late`'s not yet.
+        scan(&[("ns/early", "op::lock at src/lock.rs:7")]);
+        eventually(|| keeper.writes() == 1);
+        let early = entry("ns/early").unwrap();
+        assert_eq!(
+            early.hang.frame.as_deref(),
+            Some("op::lock at src/lock.rs:7")
+        );
+        assert_eq!(entry("ns/late").unwrap().hang.frame, None);
+        // A scan without news writes nothing.
+        scan(&[]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(keeper.writes(), 1);
+        // `late`'s stack is captured at a later report: one more write adds its frame,
+        // and counts no second failure.
+        scan(&[
+            ("ns/late", "op::call at src/call.rs:9"),
+            ("ns/early", "op::other at src/x.rs:1"),
+        ]);
+        eventually(|| keeper.writes() == 2);
+        let late = entry("ns/late").unwrap();
+        assert_eq!(
+            late.hang.frame.as_deref(),
+            Some("op::call at src/call.rs:9")
+        );
+        assert_eq!(late.count, 1);
+        assert_eq!(
+            entry("ns/early").unwrap(),
+            early,
+            "its frame stays the first one"
+        );
+        // Once known, the frame is not sent again.
+        scan(&[("ns/late", "op::call at src/call.rs:9")]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(keeper.writes(), 2);
+    }
+
     #[cfg(feature = "metrics")]
     #[test]
     fn the_recorded_failures_metric_is_what_the_ledger_read_says_from_the_first_read() {
