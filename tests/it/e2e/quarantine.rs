@@ -95,6 +95,11 @@ fn hang_until_recorded(
             "the record never named {function}: {:?}",
             frame(cluster, object)
         );
+        eprintln!(
+            "the record's frame after {:?}: {:?}",
+            failing.elapsed(),
+            frame(cluster, object)
+        );
     }
     let recorded = operator
         .logged(|e| is(e, "INFO", "recorded the liveness failure") && e["object"] == object);
