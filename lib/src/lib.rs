@@ -130,7 +130,9 @@ pub mod internals {
 
     /// The deadline advisor, whose report the binary's `deadlines` command reads.
     pub mod deadlines {
-        pub use crate::deadlines::{Advisor, ControllerReport, DeadlineSource, Report};
+        pub use crate::deadlines::{
+            Advisor, ControllerReport, DeadlineSource, QuarantinedReport, Report,
+        };
     }
 
     /// The probe and debug servers' routes and connection loop.

@@ -382,7 +382,11 @@ impl Builder {
         let debug_server = self
             .debug_address
             .map(|addr| {
-                let views = DebugViews::new(registry.clone()).with_advisor(Arc::clone(&advisor));
+                let mut views =
+                    DebugViews::new(registry.clone()).with_advisor(Arc::clone(&advisor));
+                if let Some(keeper) = &self.quarantine {
+                    views = views.with_quarantine(Arc::clone(keeper));
+                }
                 HttpServer::spawn("debug-server", addr, views.routes())
             })
             .transpose()

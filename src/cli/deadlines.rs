@@ -343,6 +343,22 @@ pub fn render(report: &Report, url: &str) -> String {
             report.untracked_reconciles
         ));
     }
+    let quarantined = &report.quarantined;
+    if quarantined.count > 0 {
+        // Not reconciled, so not in the durations: the first few named, the rest counted.
+        let rest = quarantined
+            .count
+            .saturating_sub(quarantined.first.len() as u64);
+        let more = if rest > 0 {
+            format!(" and {rest} more")
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "(quarantined, not reconciled: {}{more})\n",
+            quarantined.first.join(", ")
+        ));
+    }
     let flags: Vec<&str> = report
         .controllers
         .iter()
@@ -384,7 +400,9 @@ fn cell(seconds: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reconcile_watchdog::internals::deadlines::{ControllerReport, DeadlineSource};
+    use reconcile_watchdog::internals::deadlines::{
+        ControllerReport, DeadlineSource, QuarantinedReport,
+    };
 
     #[test]
     fn urls() {
@@ -459,6 +477,7 @@ mod tests {
                 row("x", None),
             ],
             untracked_reconciles: 0,
+            quarantined: QuarantinedReport::default(),
         };
         let text = render(&report, "http://127.0.0.1:8082/debug/deadlines");
         let lines: Vec<&str> = text.lines().collect();
@@ -478,5 +497,20 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("  x: because\n"), "{text}");
+        assert!(!text.contains("quarantined"), "{text}");
+        let quarantined = Report {
+            quarantined: QuarantinedReport {
+                count: 12,
+                first: vec!["cert-renewer demo/cert-7".into(), "x a".into()],
+            },
+            ..report
+        };
+        let text = render(&quarantined, "http://127.0.0.1:8082/debug/deadlines");
+        assert!(
+            text.contains(
+                "(quarantined, not reconciled: cert-renewer demo/cert-7, x a and 10 more)\n"
+            ),
+            "{text}"
+        );
     }
 }

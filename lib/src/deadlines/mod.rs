@@ -22,7 +22,7 @@ use crate::guard::{ControllerObserver, Deadlines, LateEnd, Observer, Outcome};
 
 pub(crate) use suggest::MIN_RECONCILES;
 #[cfg_attr(not(feature = "internals"), allow(unused_imports))]
-pub use view::{ControllerReport, DeadlineSource, Report};
+pub use view::{ControllerReport, DeadlineSource, QuarantinedReport, Report};
 
 /// At most one near-miss WARN per controller in this period; the next one says how
 /// many were not logged meanwhile.

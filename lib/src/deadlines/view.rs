@@ -13,6 +13,7 @@ use super::sketch::Summary;
 use super::suggest::{Suggestion, flag_value, suggest};
 use super::{Advisor, MIN_RECONCILES, Stats, threshold_text};
 use crate::guard::Registry;
+use crate::quarantine::Keeper;
 
 /// The whole view.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,6 +26,31 @@ pub struct Report {
     pub controllers: Vec<ControllerReport>,
     /// Reconciles of controllers past the advisor's cap, not in any row.
     pub untracked_reconciles: u64,
+    /// Objects not reconciled while quarantined (absent from a watchdog without a
+    /// quarantine).
+    #[serde(default)]
+    pub quarantined: QuarantinedReport,
+}
+
+/// The objects the process found quarantined: counted, the first few named.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuarantinedReport {
+    /// How many, in all.
+    pub count: u64,
+    /// The first ten by controller and name, as `controller namespace/name`.
+    pub first: Vec<String>,
+}
+
+impl QuarantinedReport {
+    /// What `keeper` found quarantined.
+    #[must_use]
+    pub(crate) fn of(keeper: &Keeper) -> Self {
+        let (count, first) = keeper.quarantined_named();
+        Self {
+            count: count as u64,
+            first,
+        }
+    }
 }
 
 /// Where a controller's deadline came from.
@@ -141,6 +167,7 @@ pub(super) fn report(advisor: &Advisor, registry: &Registry) -> Report {
         min_reconciles: MIN_RECONCILES,
         controllers,
         untracked_reconciles: advisor.untracked.load(Relaxed),
+        quarantined: QuarantinedReport::default(),
     }
 }
 
@@ -155,9 +182,16 @@ pub(crate) fn flag_line(controller: &str, deadline: Duration) -> String {
 
 /// The response to `GET /debug/deadlines`: the report as pretty JSON.
 #[must_use]
-pub(crate) fn respond(advisor: &Advisor, registry: &Registry) -> Response<String> {
-    let body =
-        serde_json::to_string_pretty(&advisor.report(registry)).unwrap_or_else(|_| "{}".into());
+pub(crate) fn respond(
+    advisor: &Advisor,
+    registry: &Registry,
+    quarantine: Option<&Keeper>,
+) -> Response<String> {
+    let mut report = advisor.report(registry);
+    if let Some(keeper) = quarantine {
+        report.quarantined = QuarantinedReport::of(keeper);
+    }
+    let body = serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".into());
     let mut response = Response::new(body);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -228,9 +262,33 @@ mod tests {
 
         assert_eq!(stuck.hangs, 1, "in flight past its deadline");
 
-        let json = respond(&advisor, &registry);
+        let json = respond(&advisor, &registry, None);
         assert_eq!(json.headers()[header::CONTENT_TYPE], "application/json");
         let back: Report = serde_json::from_str(json.body()).unwrap();
         assert_eq!(back.controllers.len(), 3);
+        assert_eq!(back.quarantined, QuarantinedReport::default());
+    }
+
+    #[test]
+    fn quarantined_objects_are_counted_and_the_first_ten_named() {
+        use crate::quarantine::{Keeper, Quarantine};
+
+        let advisor = Advisor::new();
+        let registry = Registry::new(Duration::from_secs(3));
+        let keeper = Keeper::new(Quarantine::default());
+        for i in 0..25 {
+            keeper.announce_for_test("widgets", &format!("ns/w-{i:02}"));
+        }
+        let json = respond(&advisor, &registry, Some(&keeper));
+        let back: Report = serde_json::from_str(json.body()).unwrap();
+        assert_eq!(back.quarantined.count, 25);
+        assert_eq!(back.quarantined.first.len(), 10);
+        assert_eq!(back.quarantined.first[0], "widgets ns/w-00");
+        assert_eq!(back.quarantined.first[9], "widgets ns/w-09");
+        // A report of an older watchdog, without the field, still reads.
+        let mut old: serde_json::Value = serde_json::from_str(json.body()).unwrap();
+        old.as_object_mut().unwrap().remove("quarantined");
+        let back: Report = serde_json::from_value(old).unwrap();
+        assert_eq!(back.quarantined, QuarantinedReport::default());
     }
 }

@@ -11,9 +11,8 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 
 use super::entry::Entry;
-use super::reconcile::Outcome;
 use super::reconcile_guard::Guard;
-use super::{current, thread};
+use super::{current, reconcile::Outcome, thread};
 
 /// Why a guarded reconcile produced no result of its own.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]

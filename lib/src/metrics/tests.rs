@@ -172,6 +172,7 @@ fn scans_set_gauges_and_count_hangs_cancels_and_escalations() {
                     not_looked_up: 0,
                 },
                 cause: None,
+                own_frames: &[],
             },
         );
     };

@@ -32,6 +32,10 @@ pub struct Scan<'a> {
     pub driver_wakes: DriverWakes,
     /// Why liveness fails after this scan, while it does.
     pub cause: Option<&'a Cause>,
+    /// Where the reconciles in `attention` whose stack was captured are stuck, by
+    /// reconcile id: the innermost frame of the operator's own code (the one the
+    /// termination message names).
+    pub own_frames: &'a [(u64, String)],
 }
 
 /// Wakes of an idle worker that were not rescues, by cause (see [`Scan::driver_wakes`]).

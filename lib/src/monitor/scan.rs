@@ -45,7 +45,8 @@ pub(super) struct Scanner<'a> {
     task_traces: task_dump::TaskTraces,
     observer_panicked: bool,
     /// Where each reconcile in `attention` whose stack was captured is stuck: the
-    /// innermost frame of the operator's own code, for the restart's [`Cause`].
+    /// innermost frame of the operator's own code, for the restart's [`Cause`] and the
+    /// quarantine's record.
     places: Vec<(u64, String)>,
 }
 
@@ -182,6 +183,7 @@ impl<'a> Scanner<'a> {
                 driver_rescues: wakes.rescues,
                 driver_wakes: wakes.others,
                 cause: cause.as_deref(),
+                own_frames: &self.places,
             };
             // The observer is the user's code: its panic must not end the scans.
             let told = std::panic::catch_unwind(AssertUnwindSafe(|| observer.scanned(&scan)));

@@ -13,6 +13,7 @@ use super::response::{get_or_head, no_trailing_slash, raw_query, text, with_fall
 use super::server::{Request, answer};
 use crate::deadlines::{self, Advisor};
 use crate::guard::{InFlight, PollState, Registry};
+use crate::quarantine::Keeper;
 
 /// Rows of `/debug/reconciles` unless `?limit=N` asks for another number.
 pub(crate) const DEFAULT_ROW_LIMIT: usize = 1000;
@@ -20,11 +21,20 @@ pub(crate) const DEFAULT_ROW_LIMIT: usize = 1000;
 /// The response header that gives the number of reconciles in flight, rows cut or not.
 pub(crate) const TOTAL_HEADER: &str = "x-reconciles-in-flight";
 
+/// The response header that gives the number of objects not reconciled while
+/// quarantined (with a quarantine).
+pub(crate) const QUARANTINED_HEADER: &str = "x-reconciles-quarantined";
+
+/// The response header that names the first ten of them, `controller namespace/name`,
+/// comma-separated.
+pub(crate) const QUARANTINED_FIRST_HEADER: &str = "x-reconciles-quarantined-first";
+
 /// Answers the debug views from the registry.
 #[derive(Clone, Debug)]
 pub struct DebugViews {
     registry: Registry,
     advisor: Option<Arc<Advisor>>,
+    quarantine: Option<Arc<Keeper>>,
 }
 
 impl DebugViews {
@@ -34,7 +44,15 @@ impl DebugViews {
         Self {
             registry,
             advisor: None,
+            quarantine: None,
         }
+    }
+
+    /// Also says which objects `keeper` keeps quarantined (in both views).
+    #[must_use]
+    pub(crate) fn with_quarantine(mut self, keeper: Arc<Keeper>) -> Self {
+        self.quarantine = Some(keeper);
+        self
     }
 
     /// Also serves `/debug/deadlines` from `advisor`.
@@ -76,10 +94,14 @@ impl DebugViews {
                 std::future::ready(advisor.clone().ok_or_else(warp::reject::not_found))
             });
         let registry = self.registry.clone();
-        let deadlines = deadlines_path
-            .clone()
-            .and(get_or_head())
-            .map(move |advisor: Arc<Advisor>| deadlines::view::respond(&advisor, &registry));
+        let quarantine = self.quarantine.clone();
+        let deadlines =
+            deadlines_path
+                .clone()
+                .and(get_or_head())
+                .map(move |advisor: Arc<Advisor>| {
+                    deadlines::view::respond(&advisor, &registry, quarantine.as_deref())
+                });
         let paths = reconciles_path
             .or(deadlines_path.map(|_| ()).untuple_one())
             .unify();
@@ -115,6 +137,14 @@ impl DebugViews {
             header::HeaderValue::from_static("application/json"),
         );
         headers.insert(TOTAL_HEADER, header::HeaderValue::from(total));
+        if let Some(keeper) = &self.quarantine {
+            // Not rows: nothing of theirs is in flight. Counted, the first few named.
+            let (count, first) = keeper.quarantined_named();
+            headers.insert(QUARANTINED_HEADER, header::HeaderValue::from(count));
+            if let Ok(first) = header::HeaderValue::from_str(&first.join(", ")) {
+                headers.insert(QUARANTINED_FIRST_HEADER, first);
+            }
+        }
         response
     }
 }
@@ -253,6 +283,31 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0]["object"], "b");
         assert_eq!(r.headers()[TOTAL_HEADER], "2");
+    }
+
+    #[test]
+    fn reconciles_counts_the_quarantined_and_names_the_first_ten_in_headers() {
+        use crate::quarantine::{Keeper, Quarantine};
+
+        let registry = Registry::new(Duration::from_secs(3600));
+        let views = DebugViews::new(registry.clone());
+        let r = views.respond(&request(&Method::GET, "/debug/reconciles", ""));
+        assert!(!r.headers().contains_key(QUARANTINED_HEADER));
+        let keeper = Keeper::new(Quarantine::default());
+        let views = DebugViews::new(registry).with_quarantine(Arc::clone(&keeper));
+        let r = views.respond(&request(&Method::GET, "/debug/reconciles", ""));
+        assert_eq!(r.headers()[QUARANTINED_HEADER], "0");
+        assert_eq!(r.headers()[QUARANTINED_FIRST_HEADER], "");
+        for i in 0..12 {
+            keeper.announce_for_test("widgets", &format!("ns/w-{i:02}"));
+        }
+        keeper.announce_for_test("gadgets", "g");
+        let r = views.respond(&request(&Method::GET, "/debug/reconciles", ""));
+        assert_eq!(r.headers()[QUARANTINED_HEADER], "13");
+        let first = r.headers()[QUARANTINED_FIRST_HEADER].to_str().unwrap();
+        assert_eq!(first.split(", ").count(), 10, "{first}");
+        assert!(first.starts_with("gadgets g, widgets ns/w-00, "), "{first}");
+        assert_eq!(r.body(), "[]", "not rows: nothing of theirs is in flight");
     }
 
     #[test]

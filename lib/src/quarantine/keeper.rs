@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::{Error, Failure, Hang, Ledger, Lift, Quarantine, Standing, Store, StoreError, Subject};
+use super::{
+    Error, Failure, Hang, LateFrame, Ledger, Lift, Quarantine, Standing, Store, StoreError, Subject,
+};
 use crate::guard::ObjectKey;
 #[cfg(feature = "metrics")]
 use crate::metrics::Metrics;
@@ -20,11 +22,16 @@ use crate::monitor::{Observer, Scan};
 /// The log target of the quarantine's lines.
 pub(crate) const TARGET: &str = "reconcile_watchdog::quarantine";
 
-/// Failures waiting for the thread at most; more are dropped, and counted.
-const QUEUE: usize = 256;
+/// Jobs waiting for the thread at most. A scan's failures turned away are handed on
+/// again at the next scan; a lift's forgetting or a reload, kept aside (see
+/// [`Shared::overflow`]).
+pub(crate) const QUEUE: usize = 256;
 
 /// The most new liveness failures one scan hands on: a mass hang records its first few.
 const PER_SCAN: usize = 16;
+
+/// The quarantined objects the debug views name; the rest are counted.
+pub(crate) const QUARANTINED_NAMED: usize = 10;
 
 /// How often the thread reads the ledger again, for what other replicas or a person
 /// wrote (an entry deleted by hand lifts its quarantine within this).
@@ -44,8 +51,9 @@ type Identify = Box<dyn Fn(&ObjectKey) -> Option<(Option<String>, Option<i64>)> 
 
 /// What the thread is asked to do.
 enum Job {
-    /// Record the liveness failures one scan found: one write for them all.
-    Failed(Vec<Failure>),
+    /// Record the liveness failures one scan found, and the stacks' own frames of
+    /// failures recorded before their stack was captured: one write for them all.
+    Failed(Vec<Failure>, Vec<LateFrame>),
     /// Forget an entry whose quarantine was lifted.
     Forget {
         controller: String,
@@ -101,7 +109,13 @@ struct Shared {
     /// Which store errors have been logged (once each).
     warned: Mutex<HashSet<&'static str>>,
     stop: AtomicBool,
-    dropped: AtomicU64,
+    /// The forgetting of lifted entries and the reloads a full queue turned away: the
+    /// thread takes them with its next batch, so nothing asked is lost. At most one
+    /// job per entry of the ledger in memory (which holds `max_objects`), and one
+    /// reload.
+    overflow: Mutex<Vec<Job>>,
+    /// Jobs a full queue turned away (each handed on again or kept aside).
+    turned_away: AtomicU64,
     writes: AtomicU64,
     #[cfg(feature = "metrics")]
     metrics: OnceLock<Arc<Metrics>>,
@@ -116,9 +130,31 @@ pub struct Keeper {
     shared: Arc<Shared>,
     jobs: SyncSender<Job>,
     receiver: Mutex<Option<Receiver<Job>>>,
-    /// The reconciles already recorded as failing liveness (the monitor's alone).
-    recorded: Mutex<HashSet<u64>>,
+    /// The reconciles already recorded as failing liveness (the monitor's alone), with
+    /// the failure's object and time while its stack's own frame is still unknown.
+    recorded: Mutex<HashMap<u64, Option<LateFrame>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Job {
+    /// Whether `self`, kept aside, makes `kept` useless: a reload another, a
+    /// forgetting of an entry an older one of the same entry.
+    fn replaces(&self, kept: &Job) -> bool {
+        match (self, kept) {
+            (Self::Reload, Self::Reload) => true,
+            (
+                Self::Forget {
+                    controller, object, ..
+                },
+                Self::Forget {
+                    controller: c,
+                    object: o,
+                    ..
+                },
+            ) => controller == c && object == o,
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Debug for Keeper {
@@ -148,7 +184,8 @@ impl Keeper {
                 announced: Mutex::default(),
                 warned: Mutex::default(),
                 stop: AtomicBool::new(false),
-                dropped: AtomicU64::new(0),
+                overflow: Mutex::default(),
+                turned_away: AtomicU64::new(0),
                 writes: AtomicU64::new(0),
                 #[cfg(feature = "metrics")]
                 metrics: OnceLock::new(),
@@ -229,7 +266,7 @@ impl Keeper {
             return;
         }
         self.shared.loaded_tx.send_replace(false);
-        if self.jobs.try_send(Job::Reload).is_err() {
+        if !self.send_or_keep(Job::Reload) {
             // Nothing will read it: do not make reconciles wait for it.
             self.shared.loaded.store(true, Ordering::Release);
             self.shared.loaded_tx.send_replace(true);
@@ -261,7 +298,7 @@ impl Keeper {
                     .write()
                     .unwrap_or_else(|p| p.into_inner())
                     .forget(subject.controller, subject.object, latest);
-                self.send(Job::Forget {
+                self.send_or_keep(Job::Forget {
                     controller: key.0,
                     object: key.1,
                     latest,
@@ -297,7 +334,6 @@ impl Keeper {
 
     /// The objects this process found quarantined, per controller.
     #[must_use]
-    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn quarantined(&self) -> Vec<(String, String)> {
         let announced = self
             .shared
@@ -307,6 +343,20 @@ impl Keeper {
         let mut all: Vec<_> = announced.keys().cloned().collect();
         all.sort();
         all
+    }
+
+    /// How many objects this process found quarantined, and the first
+    /// [`QUARANTINED_NAMED`] of them by controller and name (`controller
+    /// namespace/name`): what the debug views show, bounded however many there are.
+    #[must_use]
+    pub(crate) fn quarantined_named(&self) -> (usize, Vec<String>) {
+        let all = self.quarantined();
+        let named = all
+            .iter()
+            .take(QUARANTINED_NAMED)
+            .map(|(controller, object)| format!("{controller} {object}"))
+            .collect();
+        (all.len(), named)
     }
 
     /// The ledger as last read or written.
@@ -331,6 +381,9 @@ impl Keeper {
     #[cfg(feature = "metrics")]
     pub(crate) fn attach_metrics(&self, metrics: Arc<Metrics>) {
         let _ = self.shared.metrics.set(metrics);
+        // The ledger may have been read already.
+        let ledger = self.shared.ledger.read().unwrap_or_else(|p| p.into_inner());
+        publish_recorded(&self.shared, &ledger);
     }
 
     /// Forgets that `key` was announced; whether it was.
@@ -410,14 +463,40 @@ impl Keeper {
         }
     }
 
+    /// Hands `job` to the thread if the queue has room; whether it had.
     fn send(&self, job: Job) -> bool {
         match self.jobs.try_send(job) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                self.shared.turned_away.fetch_add(1, Ordering::Relaxed);
                 false
             }
         }
+    }
+
+    /// Hands `job` to the thread, or keeps it aside for the thread's next batch when
+    /// the queue is full (a newer forgetting of the same entry, or a second reload,
+    /// replaces the one kept). False only when the thread is gone.
+    fn send_or_keep(&self, job: Job) -> bool {
+        let job = match self.jobs.try_send(job) {
+            Ok(()) => return true,
+            Err(TrySendError::Disconnected(_)) => return false,
+            Err(TrySendError::Full(job)) => job,
+        };
+        self.shared.turned_away.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut overflow = self
+                .shared
+                .overflow
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            overflow.retain(|kept| !job.replaces(kept));
+            overflow.push(job);
+        }
+        // The thread drains the queue before it takes what was kept aside: a full queue
+        // wakes it anyway; if it drained in between, this wakes it.
+        let _ = self.jobs.try_send(Job::Wake);
+        true
     }
 }
 
@@ -438,7 +517,31 @@ impl Observer for Keeper {
             .filter(|o| o.fails_liveness)
             .map(|o| o.reconcile.id)
             .collect();
-        recorded.retain(|id| failing.contains(id));
+        recorded.retain(|id, _| failing.contains(id));
+        let own_frame = |id: u64| {
+            scan.own_frames
+                .iter()
+                .find(|(of, _)| *of == id)
+                .map(|(_, frame)| frame.clone())
+        };
+        // A failure recorded before its stack was captured gets its frame when it is.
+        let mut frames = Vec::new();
+        for (id, late) in recorded.iter() {
+            if frames.len() == PER_SCAN {
+                break;
+            }
+            if let Some(late) = late
+                && let Some(frame) = own_frame(*id)
+            {
+                frames.push((
+                    *id,
+                    LateFrame {
+                        frame,
+                        ..late.clone()
+                    },
+                ));
+            }
+        }
         let now = SystemTime::now();
         let mut failures = Vec::new();
         let mut ids = Vec::new();
@@ -447,9 +550,17 @@ impl Observer for Keeper {
                 break;
             }
             let reconcile = overdue.reconcile;
-            if !recorded.insert(reconcile.id) {
+            if recorded.contains_key(&reconcile.id) {
                 continue;
             }
+            let frame = own_frame(reconcile.id);
+            let late = frame.is_none().then(|| LateFrame {
+                controller: reconcile.controller.to_string(),
+                object: reconcile.object.as_str().to_owned(),
+                at: now,
+                frame: String::new(),
+            });
+            recorded.insert(reconcile.id, late);
             ids.push(reconcile.id);
             let action = if reconcile.cancel_requested {
                 "escalated"
@@ -465,14 +576,25 @@ impl Observer for Keeper {
                 hang: Hang {
                     state: overdue.state.as_str().to_owned(),
                     waiting: reconcile.waiting().map(|w| w.to_string()),
+                    frame,
                     action: action.to_owned(),
                 },
                 at: now,
             });
         }
-        // A full queue loses nothing: the reconciles are handed on again at the next scan.
-        if !failures.is_empty() && !self.send(Job::Failed(failures)) {
-            recorded.retain(|id| !ids.contains(id));
+        if failures.is_empty() && frames.is_empty() {
+            return;
+        }
+        let frame_ids: Vec<u64> = frames.iter().map(|(id, _)| *id).collect();
+        let frames = frames.into_iter().map(|(_, late)| late).collect();
+        if self.send(Job::Failed(failures, frames)) {
+            for id in frame_ids {
+                recorded.insert(id, None);
+            }
+        } else {
+            // A full queue loses nothing: the new failures and the frames are handed on
+            // again at the next scan.
+            recorded.retain(|id, _| !ids.contains(id));
         }
     }
 }
@@ -497,7 +619,7 @@ impl Drop for Keeper {
 /// The thread: read, then record failures as they come and read again now and then.
 fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
     if let Some(ledger) = read(shared, &mut store) {
-        *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+        adopt(shared, ledger);
     }
     shared.loaded.store(true, Ordering::Release);
     shared.loaded_tx.send_replace(true);
@@ -506,7 +628,7 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
             Ok(job) => job,
             Err(RecvTimeoutError::Timeout) => {
                 if let Some(ledger) = read(shared, &mut store) {
-                    *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+                    adopt(shared, ledger);
                 }
                 continue;
             }
@@ -515,9 +637,10 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
         // One write for every job waiting: a liveness failure of several objects at
         // once is one write.
         let mut batch: Vec<Job> = std::iter::once(first).chain(jobs.try_iter()).collect();
+        batch.append(&mut shared.overflow.lock().unwrap_or_else(|p| p.into_inner()));
         if batch.iter().any(|job| matches!(job, Job::Reload)) {
             if let Some(ledger) = read(shared, &mut store) {
-                *shared.ledger.write().unwrap_or_else(|p| p.into_inner()) = ledger;
+                adopt(shared, ledger);
             }
             shared.loaded.store(true, Ordering::Release);
             shared.loaded_tx.send_replace(true);
@@ -529,6 +652,22 @@ fn run(shared: &Shared, mut store: impl Store, jobs: &Receiver<Job>) {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
+    }
+}
+
+/// Makes `ledger`, as read, the one in memory, and its count of failures the metric's:
+/// a restarted process exports what its predecessors recorded from its first read.
+fn adopt(shared: &Shared, ledger: Ledger) {
+    let mut memory = shared.ledger.write().unwrap_or_else(|p| p.into_inner());
+    *memory = ledger;
+    publish_recorded(shared, &memory);
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn publish_recorded(shared: &Shared, ledger: &Ledger) {
+    #[cfg(feature = "metrics")]
+    if let Some(metrics) = shared.metrics.get() {
+        metrics.set_quarantine_recorded(ledger.recorded);
     }
 }
 
@@ -583,9 +722,12 @@ fn write(shared: &Shared, store: &mut impl Store, mut batch: Vec<Job>) {
         let now = SystemTime::now();
         for job in &batch {
             match job {
-                Job::Failed(failures) => {
+                Job::Failed(failures, frames) => {
                     for failure in failures {
                         quarantine.record(ledger, failure.clone(), now);
+                    }
+                    for late in frames {
+                        ledger.late_frame(late);
                     }
                 }
                 Job::Forget {
@@ -635,7 +777,7 @@ fn write(shared: &Shared, store: &mut impl Store, mut batch: Vec<Job>) {
         Some((ledger, bytes)) => {
             *memory = ledger;
             let failures = batch.iter().flat_map(|job| match job {
-                Job::Failed(failures) => failures.as_slice(),
+                Job::Failed(failures, _) => failures.as_slice(),
                 _ => Default::default(),
             });
             for failure in failures {
@@ -661,17 +803,14 @@ fn write(shared: &Shared, store: &mut impl Store, mut batch: Vec<Job>) {
         }
         None => apply(&mut memory),
     }
-    #[cfg(feature = "metrics")]
-    if let Some(metrics) = shared.metrics.get() {
-        metrics.set_quarantine_recorded(memory.recorded);
-    }
+    publish_recorded(shared, &memory);
 }
 
 /// Fills in the uid and generation of each failure from its controller's cache.
 fn identify(shared: &Shared, batch: &mut [Job]) {
     let identities = shared.identities.read().unwrap_or_else(|p| p.into_inner());
     let failures = batch.iter_mut().flat_map(|job| match job {
-        Job::Failed(failures) => failures.as_mut_slice(),
+        Job::Failed(failures, _) => failures.as_mut_slice(),
         _ => Default::default(),
     });
     for failure in failures {
@@ -714,8 +853,20 @@ impl Keeper {
         self.shared.loaded.load(Ordering::Acquire)
     }
 
-    /// Hands `failures` to the thread, as one scan would.
-    pub(crate) fn record_for_test(&self, failures: Vec<Failure>) {
-        self.send(Job::Failed(failures));
+    /// Marks `object` of `controller` as found quarantined, as an admission would.
+    pub(crate) fn announce_for_test(&self, controller: &str, object: &str) {
+        self.shared
+            .announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (controller.to_owned(), object.to_owned()),
+                SystemTime::now(),
+            );
+    }
+
+    /// Hands `failures` to the thread, as one scan would; whether the queue had room.
+    pub(crate) fn record_for_test(&self, failures: Vec<Failure>) -> bool {
+        self.send(Job::Failed(failures, Vec::new()))
     }
 }

@@ -70,6 +70,11 @@ pub(crate) struct Hang {
     /// Where it waited, when the report knew (the request in flight, a labelled await).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) waiting: Option<String>,
+    /// The stack's first own frame (`function at file:line`, the innermost of the
+    /// operator's own code), when its thread's stack was captured: a reconcile blocked
+    /// inside a poll. An awaiting one has no thread, so no stack, and has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) frame: Option<String>,
     /// How liveness came to fail: `restart`, or `escalated` under `--on-hang cancel`.
     pub(crate) action: String,
 }
@@ -91,6 +96,20 @@ pub(crate) struct Failure {
     pub(crate) hang: Hang,
     /// When liveness failed.
     pub(crate) at: SystemTime,
+}
+
+/// The stack's own frame of a failure recorded before its stack was captured (the
+/// capture waits for `--stack-capture-after` inside the poll).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct LateFrame {
+    /// The controller whose reconcile hung.
+    pub(crate) controller: String,
+    /// The object, `namespace/name` or `name`.
+    pub(crate) object: String,
+    /// When the failure was recorded: the frame belongs to the entry whose latest it is.
+    pub(crate) at: SystemTime,
+    /// `function at file:line`.
+    pub(crate) frame: String,
 }
 
 /// What the ledger remembers of one object.
@@ -179,6 +198,19 @@ impl Ledger {
     #[must_use]
     pub(crate) fn entry(&self, controller: &str, object: &str) -> Option<&Entry> {
         self.entries.iter().find(|e| e.is(controller, object))
+    }
+
+    /// Gives the entry whose latest failure is `late`'s the frame it lacks (a failure
+    /// since is another hang, whose frame this is not).
+    pub(crate) fn late_frame(&mut self, late: &LateFrame) {
+        let at = to_millis(late.at);
+        if let Some(entry) = self.entries.iter_mut().find(|e| {
+            e.is(&late.controller, &late.object) && e.latest() == Some(at) && e.hang.frame.is_none()
+        }) {
+            let mut frame = late.frame.clone();
+            truncate(&mut frame, MAX_HOW);
+            entry.hang.frame = Some(frame);
+        }
     }
 
     /// Forgets the entry of `object` of `controller` if its latest failure is
@@ -335,8 +367,8 @@ impl Quarantine {
         failure.at = to_millis(failure.at);
         let mut how = failure.hang;
         truncate(&mut how.state, MAX_HOW);
-        if let Some(waiting) = &mut how.waiting {
-            truncate(waiting, MAX_HOW);
+        for text in [&mut how.waiting, &mut how.frame].into_iter().flatten() {
+            truncate(text, MAX_HOW);
         }
         let same = |e: &Entry| {
             e.is(&failure.controller, &failure.object)

@@ -22,6 +22,7 @@ fn failure(object: &str, uid: &str, generation: i64, at: SystemTime) -> Failure 
         hang: Hang {
             state: "in-poll".into(),
             waiting: None,
+            frame: None,
             action: "restart".into(),
         },
         at,
@@ -265,6 +266,54 @@ fn how_it_hung_is_kept_bounded() {
     );
 }
 
+#[test]
+fn a_frame_captured_after_the_record_completes_the_entry_of_that_failure_only() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t0()), t0());
+    let late = |at, frame: &str| LateFrame {
+        controller: "widgets".into(),
+        object: "ns/a".into(),
+        at,
+        frame: frame.into(),
+    };
+    // Of an earlier failure (another hang since): not this hang's frame.
+    ledger.late_frame(&late(t0() - MINUTE, "old at src/a.rs:1"));
+    assert_eq!(ledger.entries[0].hang.frame, None);
+    ledger.late_frame(&late(t0(), &"f".repeat(1000)));
+    assert_eq!(
+        ledger.entries[0].hang.frame.as_ref().map(String::len),
+        Some(256)
+    );
+    // A frame it has is kept.
+    ledger.late_frame(&late(t0(), "later at src/b.rs:2"));
+    assert_eq!(
+        ledger.entries[0].hang.frame.as_ref().map(String::len),
+        Some(256)
+    );
+    // The next failure of the object is another hang: its own frame, or none.
+    let t1 = t0() + MINUTE;
+    q.record(&mut ledger, failure("ns/a", "u1", 1, t1), t1);
+    assert_eq!(ledger.entries[0].hang.frame, None);
+    // Gone from the ledger: nothing to complete, nothing added.
+    let mut empty = Ledger::new();
+    empty.late_frame(&late(t1, "gone at src/c.rs:3"));
+    assert_eq!(empty, Ledger::new());
+}
+
+#[test]
+fn the_frame_survives_encoding_and_an_entry_without_one_reads_as_before() {
+    let q = Quarantine::new(2, HOUR);
+    let mut ledger = Ledger::new();
+    let mut with = failure("ns/a", "u1", 1, t0());
+    with.hang.frame = Some("op::reconcile at src/lib.rs:9".into());
+    q.record(&mut ledger, with, t0());
+    q.record(&mut ledger, failure("ns/b", "u2", 1, t0()), t0());
+    let text = String::from_utf8(ledger.encode()).unwrap();
+    assert_eq!(text.matches("\"frame\"").count(), 1, "{text}");
+    assert_eq!(Ledger::decode(text.as_bytes()).unwrap(), ledger);
+}
+
 mod keeper {
     use std::sync::{Arc, Mutex};
     use std::time::Instant;
@@ -336,6 +385,243 @@ mod keeper {
     }
 
     /// Lets another writer in between this one's read and its first write.
+    /// A store whose writes each wait for a word from the test (none once the test
+    /// drops its sender), and say so as they start waiting.
+    #[derive(Debug)]
+    struct GatedStore {
+        inner: MemoryStore,
+        waiting: std::sync::mpsc::Sender<()>,
+        go: std::sync::mpsc::Receiver<()>,
+    }
+
+    impl Store for GatedStore {
+        fn read(&mut self) -> Result<Stored, StoreError> {
+            self.inner.read()
+        }
+
+        fn write(&mut self, bytes: &[u8], version: Option<&str>) -> Result<(), StoreError> {
+            let _ = self.waiting.send(());
+            // Err once the test dropped its sender: every write goes through.
+            let _ = self.go.recv();
+            self.inner.write(bytes, version)
+        }
+    }
+
+    #[test]
+    fn the_stacks_first_own_frame_is_recorded_with_the_failure_or_when_captured_later() {
+        use crate::guard::Registry;
+        use crate::monitor::observer::DriverWakes;
+        use crate::monitor::verdict::Verdict;
+        use crate::monitor::{Config, HangPolicy, Observer, Scan};
+
+        let memory = MemoryStore::default();
+        let stored = Arc::clone(&memory.stored);
+        let keeper = Keeper::new(Quarantine::new(2, HOUR));
+        keeper.start(memory).unwrap();
+        eventually(|| keeper.shared_loaded());
+        let registry = Registry::new(Duration::from_secs(60));
+        let widgets = registry.controller("widgets", "Widget");
+        let zero = widgets.clone().with_deadline(Duration::ZERO);
+        let _early = zero.register(ObjectKey::namespaced("ns", "early"));
+        let _late = zero.register(ObjectKey::namespaced("ns", "late"));
+        let mut verdict = Verdict::new(Config {
+            policy: HangPolicy::Restart,
+            ..Config::default()
+        });
+        let mut scan = |frames: &[(&str, &str)]| {
+            let now = Instant::now();
+            let (mut attention, mut counts) = (Vec::new(), Vec::new());
+            registry.scan_into(now, false, &mut attention, &mut counts);
+            let decision = verdict.step(&attention, registry.take_ended(), None, now);
+            let own_frames: Vec<(u64, String)> = frames
+                .iter()
+                .filter_map(|(object, frame)| {
+                    let r = attention.iter().find(|r| r.object.as_str() == *object)?;
+                    Some((r.id, (*frame).to_owned()))
+                })
+                .collect();
+            keeper.scanned(&Scan {
+                attention: &attention,
+                in_flight_by_controller: &counts,
+                decision: &decision,
+                took: Duration::ZERO,
+                runtime_heartbeat_age: None,
+                driver_rescues: 0,
+                driver_wakes: DriverWakes::default(),
+                cause: None,
+                own_frames: &own_frames,
+            });
+        };
+        let entry = |object: &str| {
+            let bytes = stored.lock().unwrap().bytes.clone()?;
+            Ledger::decode(&bytes)
+                .ok()?
+                .entry("widgets", object)
+                .cloned()
+        };
+        // `early`'s stack was captured by the scan that failed liveness; `late`'s not yet.
+        scan(&[("ns/early", "op::lock at src/lock.rs:7")]);
+        eventually(|| keeper.writes() == 1);
+        let early = entry("ns/early").unwrap();
+        assert_eq!(
+            early.hang.frame.as_deref(),
+            Some("op::lock at src/lock.rs:7")
+        );
+        assert_eq!(entry("ns/late").unwrap().hang.frame, None);
+        // A scan without news writes nothing.
+        scan(&[]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(keeper.writes(), 1);
+        // `late`'s stack is captured at a later report: one more write adds its frame,
+        // and counts no second failure.
+        scan(&[
+            ("ns/late", "op::call at src/call.rs:9"),
+            ("ns/early", "op::other at src/x.rs:1"),
+        ]);
+        eventually(|| keeper.writes() == 2);
+        let late = entry("ns/late").unwrap();
+        assert_eq!(
+            late.hang.frame.as_deref(),
+            Some("op::call at src/call.rs:9")
+        );
+        assert_eq!(late.count, 1);
+        assert_eq!(
+            entry("ns/early").unwrap(),
+            early,
+            "its frame stays the first one"
+        );
+        // Once known, the frame is not sent again.
+        scan(&[("ns/late", "op::call at src/call.rs:9")]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(keeper.writes(), 2);
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_recorded_failures_metric_is_what_the_ledger_read_says_from_the_first_read() {
+        use crate::health::Health;
+        use crate::metrics::Metrics;
+
+        let series = |metrics: &Metrics| {
+            metrics
+                .encode()
+                .lines()
+                .find(|l| l.starts_with("reconcile_watchdog_quarantine_recorded_failures "))
+                .map(str::to_owned)
+        };
+        let q = Quarantine::new(2, HOUR);
+        let mut theirs = Ledger::new();
+        for object in ["ns/a", "ns/b", "ns/a"] {
+            let now = SystemTime::now();
+            q.record(&mut theirs, failure(object, "u1", 1, now), now);
+        }
+        // Metrics attached before the first read, as the watchdog's builder does.
+        let keeper = Keeper::new(q);
+        let metrics = Metrics::new(Arc::new(Health::new()));
+        keeper.attach_metrics(Arc::clone(&metrics));
+        assert_eq!(
+            series(&metrics).as_deref(),
+            Some("reconcile_watchdog_quarantine_recorded_failures 0")
+        );
+        keeper
+            .start(MemoryStore {
+                stored: stored(&theirs.encode()),
+            })
+            .unwrap();
+        eventually(|| keeper.shared_loaded());
+        assert_eq!(
+            series(&metrics).as_deref(),
+            Some("reconcile_watchdog_quarantine_recorded_failures 3")
+        );
+        // Attached after the read: the same.
+        let read_first = Keeper::new(q);
+        read_first
+            .start(MemoryStore {
+                stored: stored(&theirs.encode()),
+            })
+            .unwrap();
+        eventually(|| read_first.shared_loaded());
+        let late = Metrics::new(Arc::new(Health::new()));
+        read_first.attach_metrics(Arc::clone(&late));
+        assert_eq!(
+            series(&late).as_deref(),
+            Some("reconcile_watchdog_quarantine_recorded_failures 3")
+        );
+    }
+
+    #[test]
+    fn a_full_queue_loses_nothing_once_the_store_answers_again() {
+        use std::sync::mpsc;
+
+        let q = Quarantine::new(1, HOUR);
+        let memory = stored(&Ledger::new().encode());
+        let (waiting_tx, waiting) = mpsc::channel();
+        let (go, go_rx) = mpsc::channel();
+        let keeper = Keeper::new(q);
+        keeper
+            .start(GatedStore {
+                inner: MemoryStore {
+                    stored: Arc::clone(&memory),
+                },
+                waiting: waiting_tx,
+                go: go_rx,
+            })
+            .unwrap();
+        eventually(|| keeper.shared_loaded());
+        let now = SystemTime::UNIX_EPOCH
+            + Duration::from_secs(
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs(),
+            );
+        // `ns/a` is recorded, so quarantined.
+        go.send(()).unwrap();
+        assert!(keeper.record_for_test(vec![failure("ns/a", "u1", 1, now)]));
+        waiting.recv().unwrap();
+        eventually(|| keeper.writes() == 1);
+        // The next write waits on the store: the thread holds `ns/b`'s job, and the
+        // queue fills behind it until it turns a job away.
+        assert!(keeper.record_for_test(vec![failure("ns/b", "u2", 1, now)]));
+        waiting.recv().unwrap();
+        let mut queued = 0;
+        while keeper.record_for_test(vec![failure("ns/c", "u3", 1, now)]) {
+            queued += 1;
+            assert!(
+                queued <= super::super::keeper::QUEUE,
+                "the queue never filled"
+            );
+        }
+        assert_eq!(queued, super::super::keeper::QUEUE);
+        // A lift while the queue is full: its forgetting is kept aside, as is a reload.
+        let mut lift = subject("ns/a", "u1", 1);
+        lift.lift_asked = true;
+        assert!(matches!(
+            keeper.admit(&lift, "Widget", now),
+            Admission::Reconcile { lifted: Some(_) }
+        ));
+        keeper.reload();
+        // The store answers again: everything asked lands.
+        drop(go);
+        eventually(|| {
+            keeper.writes() == 3
+                && keeper.shared_loaded()
+                && memory.lock().unwrap().bytes.as_deref().is_some_and(|b| {
+                    Ledger::decode(b).is_ok_and(|l| l.entry("widgets", "ns/a").is_none())
+                })
+        });
+        let bytes = memory.lock().unwrap().bytes.clone().unwrap();
+        let ledger = Ledger::decode(&bytes).unwrap();
+        assert_eq!(ledger.entry("widgets", "ns/a"), None, "the lift was lost");
+        assert_eq!(ledger.entry("widgets", "ns/b").map(|e| e.count), Some(1));
+        assert_eq!(
+            ledger.entry("widgets", "ns/c").map(|e| e.count),
+            Some(u32::try_from(queued).unwrap())
+        );
+        assert_eq!(ledger.recorded, 2 + queued as u64);
+        assert_eq!(keeper.ledger(), ledger);
+    }
+
     #[derive(Debug)]
     struct RacingStore {
         inner: MemoryStore,
@@ -506,7 +792,8 @@ fn a_reconcile_failing_liveness_is_recorded_once_from_the_monitors_scans() {
 #[test]
 fn ledger_sizes() {
     let q = Quarantine::new(2, HOUR).max_objects(100);
-    let realistic = |i: usize, at| Failure {
+    let realistic = |i: usize, at| {
+        Failure {
         controller: "configtemplates".into(),
         kind: "ConfigTemplate".into(),
         object: format!("team-payments-prod/app-config-{i:03}"),
@@ -517,9 +804,16 @@ fn ledger_sizes() {
             waiting: Some(format!(
                 "waiting on GET /api/v1/namespaces/team-payments-prod/configmaps/app-config-{i:03}, sent 5m 2s ago, no response head"
             )),
+            // Both a request line and a frame: the largest an entry's `hang` gets in
+            // practice (a blocked poll has a frame; an await, a request).
+            frame: Some(
+                "config_operator::render::ConfigRenderer::render_template at src/render/template.rs:214"
+                    .into(),
+            ),
             action: "restart".into(),
         },
         at,
+    }
     };
     let size = |objects: usize, failures_each: u64| {
         let mut ledger = Ledger::new();

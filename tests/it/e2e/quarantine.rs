@@ -49,9 +49,27 @@ fn failures(cluster: &Cluster, object: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The stack's first own frame the ledger keeps for `object`'s latest hang.
+fn frame(cluster: &Cluster, object: &str) -> Option<String> {
+    let ledger = ledger(cluster)?;
+    let entry = ledger["entries"]
+        .as_array()?
+        .iter()
+        .find(|e| e["object"] == object)?;
+    entry["hang"]["frame"].as_str().map(str::to_owned)
+}
+
 /// Runs `operator` until its hang of `object` failed liveness and was recorded (`count`
-/// failures in all), then stops it as the kubelet would (SIGTERM).
-fn hang_until_recorded(cluster: &Cluster, mut operator: Operator, object: &str, count: u64) {
+/// failures in all), and, when `blocked_in` is given and stacks are captured, until the
+/// record names that function as the stack's first own frame; then stops it as the
+/// kubelet would (SIGTERM).
+fn hang_until_recorded(
+    cluster: &Cluster,
+    mut operator: Operator,
+    object: &str,
+    count: u64,
+    blocked_in: Option<&str>,
+) {
     assert!(
         eventually(SETTLE, || operator.status("/healthz") == 500),
         "/healthz never failed on the hang of {object}"
@@ -66,6 +84,23 @@ fn hang_until_recorded(cluster: &Cluster, mut operator: Operator, object: &str, 
         "recorded {:?} after the probe was seen failing",
         failing.elapsed()
     );
+    if let Some(function) = blocked_in
+        && cfg!(all(feature = "stack-capture", target_os = "linux"))
+    {
+        // The stack is captured once the poll has lasted `--stack-capture-after` (2 s):
+        // at the failing scan, or at a later report, which completes the record.
+        assert!(
+            eventually(SETTLE, || frame(cluster, object)
+                .is_some_and(|f| f.contains(function))),
+            "the record never named {function}: {:?}",
+            frame(cluster, object)
+        );
+        eprintln!(
+            "the record's frame after {:?}: {:?}",
+            failing.elapsed(),
+            frame(cluster, object)
+        );
+    }
     let recorded = operator
         .logged(|e| is(e, "INFO", "recorded the liveness failure") && e["object"] == object);
     assert_eq!(recorded.len(), 1, "one record per hang: {recorded:?}");
@@ -89,7 +124,7 @@ fn emulator_a_poison_object_is_quarantined_after_the_restart_it_caused() {
 
     // Run 1: the poison object blocks its worker; liveness fails, and is recorded.
     let first = start(&cluster, Some("1"));
-    hang_until_recorded(&cluster, first, &poison, 1);
+    hang_until_recorded(&cluster, first, &poison, 1, Some("block_forever"));
     let entry = ledger(&cluster).unwrap()["entries"][0].clone();
     assert_eq!(entry["controller"], "configtemplates", "{entry}");
     assert_eq!(entry["kind"], "ConfigTemplate", "{entry}");
@@ -178,7 +213,7 @@ fn emulator_with_the_default_the_first_restart_quarantines_nothing() {
     cluster.create("q-hangs", Some("hang"));
     let hangs = format!("{}/q-hangs", cluster.namespace);
 
-    hang_until_recorded(&cluster, start(&cluster, None), &hangs, 1);
+    hang_until_recorded(&cluster, start(&cluster, None), &hangs, 1, None);
     // The second run reconciles it again: it hangs again, and fails liveness again.
     let second = start(&cluster, None);
     assert!(
@@ -193,7 +228,9 @@ fn emulator_with_the_default_the_first_restart_quarantines_nothing() {
             .is_empty(),
         "quarantined after one restart under the default"
     );
-    hang_until_recorded(&cluster, second, &hangs, 2);
+    hang_until_recorded(&cluster, second, &hangs, 2, None);
+    // An await has no thread, so no stack: no frame.
+    assert_eq!(frame(&cluster, &hangs), None);
 }
 
 fn leads(operator: &Operator) -> bool {
@@ -232,7 +269,7 @@ fn emulator_a_new_leader_honours_the_record_the_old_one_wrote() {
     // The follower has read the ledger (empty) before the leader records into it.
     cluster.create("q-poison", Some("block"));
     let poison = format!("{namespace}/q-poison");
-    hang_until_recorded(&cluster, leader, &poison, 1);
+    hang_until_recorded(&cluster, leader, &poison, 1, None);
 
     assert!(
         eventually(SETTLE, || leads(&follower)),
