@@ -488,6 +488,7 @@ fn scan_once(metrics: &Metrics, registry: &Registry, now: Instant) {
             driver_rescues: 0,
             driver_wakes: DriverWakes::default(),
             cause: None,
+            own_frames: &[],
         },
     );
 }
