@@ -40,8 +40,8 @@ pub(crate) struct Entry {
     epoch: Epoch,
     polls: AtomicU64,
     /// The latest poll in one word, so that a poll's end needs no clock read: bit 0 is
-    /// set while it runs; the bits above hold when it began, in nanoseconds since
-    /// `epoch` plus one (0 before the first poll).
+    /// set while it runs; the bits above hold when it began, stamped (see
+    /// [`stamp_now`](Self::stamp_now); 0 before the first poll).
     poll: AtomicU64,
     thread: AtomicU64,
     /// The tokio task of the first poll: a pinned future stays in the task that polls it.
@@ -206,21 +206,22 @@ impl Entry {
         Duration::from_nanos(clock::now().saturating_sub(self.started()))
     }
 
-    /// Now, for a poll's or a wake's record: nanoseconds since the epoch on the coarse
-    /// clock, plus one. These times only date reports, whose deadlines are seconds to
-    /// minutes; the start, the end and every deadline decision read the precise clock.
+    /// Now, for a poll's or a wake's record: the coarse clock's reading with its lowest
+    /// bit set, which keeps 0 free to mean "never" (a nanosecond off). These times only
+    /// date reports, whose deadlines are seconds to minutes; the start, the end and
+    /// every deadline decision read the precise clock. Taken relative to the epoch only
+    /// when read ([`instant`](Self::instant)), off the poll's path.
     #[inline]
-    fn stamp_now(&self) -> u64 {
-        let since = clock::coarse_now().saturating_sub(self.epoch.coarse);
-        // +1 keeps 0 free to mean "never"; 63 bits of nanoseconds last 292 years.
-        since.min(u64::MAX >> 2) + 1
+    fn stamp_now() -> u64 {
+        // The monotonic clock counts from boot: 63 bits of nanoseconds last 292 years.
+        clock::coarse_now() | 1
     }
 
     /// The instant of `stamp`, kept between the start and `now`: the coarse clock's
     /// reading and the epoch's may each be up to a tick old.
     fn instant(&self, stamp: u64, now: Instant) -> Option<Instant> {
         (stamp != 0).then(|| {
-            (self.epoch.precise + Duration::from_nanos(stamp - 1))
+            (self.epoch.precise + Duration::from_nanos(stamp.saturating_sub(self.epoch.coarse)))
                 .min(now)
                 .max(self.started_at())
         })
@@ -240,7 +241,7 @@ impl Entry {
         // Every poll, the first included, is dated by its own start: a first poll may
         // come long after registration (kube's runner and `tokio::spawn` queue the
         // future first), and that queueing is no time spent in a poll.
-        let began = self.stamp_now();
+        let began = Self::stamp_now();
         // The thread first, then the count, then the stamp, each published by the
         // next: a reader that sees a poll's count sees its thread, so a stack captured
         // from that thread while the count stays the same and the poll runs is this
@@ -393,7 +394,7 @@ impl futures::task::ArcWake for Entry {
         if entry.woken.load(Ordering::Relaxed) == 0 {
             let _ = entry.woken.compare_exchange(
                 0,
-                entry.stamp_now(),
+                Self::stamp_now(),
                 Ordering::Release,
                 Ordering::Relaxed,
             );

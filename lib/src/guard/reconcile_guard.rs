@@ -102,13 +102,15 @@ impl Drop for Guard {
         let Some(entry) = self.entry.take() else {
             return;
         };
-        let outcome = || {
-            self.outcome.unwrap_or(if std::thread::panicking() {
+        // Told by `finish` on the common path: only a guard dropped without it asks
+        // whether the thread is unwinding.
+        let outcome = self.outcome.unwrap_or_else(|| {
+            if std::thread::panicking() {
                 Outcome::Panic
             } else {
                 Outcome::Dropped
-            })
-        };
+            }
+        });
         let controller = &entry.controller;
         // Leave the in-flight set before queueing the end: the monitor takes ends before
         // it scans, so it never sees one reconcile both ended and in flight.
@@ -122,9 +124,9 @@ impl Drop for Guard {
             let told = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let ran = clock::now().saturating_sub(entry.started());
                 let elapsed = Duration::from_nanos(ran);
-                first.finished(outcome(), elapsed);
+                first.finished(outcome, elapsed);
                 if let Some(second) = second {
-                    second.finished(outcome(), elapsed);
+                    second.finished(outcome, elapsed);
                 }
                 if ran > controller.late_after {
                     let object = entry.object().clone();
@@ -132,7 +134,7 @@ impl Drop for Guard {
                         controller: &controller.name,
                         kind: &controller.kind,
                         object: &object,
-                        outcome: outcome(),
+                        outcome,
                         elapsed,
                         deadline: controller.deadline,
                         reported_hung: hung,
@@ -148,7 +150,7 @@ impl Drop for Guard {
             }
         }
         if hung {
-            queue_end(&entry, self.id, outcome());
+            queue_end(&entry, self.id, outcome);
         }
         // Nobody else holds it (no waker clone, no request still in flight, no reader
         // that cloned it: the map's reference and this one), and it was not reported
