@@ -12,4 +12,6 @@ if ! command -v valgrind >/dev/null; then
     apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >&2
 fi
-cargo bench --locked --bench load -- check-instructions benches/guard-instructions.txt
+# `--workspace`: features unified across the workspace, as in CI's release build of the
+# binaries, which then serves this bench too (the counts are the same either way).
+cargo bench --locked --workspace --bench load -- check-instructions benches/guard-instructions.txt
