@@ -34,6 +34,7 @@ const PAGES: &[&str] = &[
     "docs/operations.md",
     "docs/performance.md",
     "docs/probes.md",
+    "docs/runtime-rescue.md",
     "docs/stack-capture.md",
 ];
 
@@ -492,7 +493,9 @@ fn block_run() -> Output {
     let process = demo(&[
         "--hang-kind=block",
         "--reconcile-deadline=1s",
-        "--hang-for=3s",
+        // Long enough for the stack's capture (which loads the debug binary's symbols
+        // first) to end before the hang does, on a loaded machine too.
+        "--hang-for=5s",
         "--stack-capture-after=500ms",
     ]);
     let addr = process.probe_address();

@@ -112,17 +112,37 @@ async fn a_later_poll_is_dated_when_it_began() {
     }
 }
 
+/// How long a reconcile waits between its registration and its first poll, as kube's
+/// runner and `tokio::spawn` queue it: far longer than a coarse clock tick.
+const QUEUED: Duration = Duration::from_millis(200);
+
 #[tokio::test]
-async fn the_first_poll_is_dated_by_the_start() {
+async fn a_first_poll_is_dated_by_its_own_start_not_the_registration() {
     let registry = Registry::new(Duration::from_secs(60));
     let stuck = registry.controller("web", "Widget").guard(
         ObjectKey::cluster("a"),
         std::future::pending::<Result<(), ()>>(),
     );
     let mut stuck = Box::pin(stuck);
+    std::thread::sleep(QUEUED);
+    let before_poll = Instant::now();
     assert!(futures::poll!(stuck.as_mut()).is_pending());
+    let after_poll = Instant::now();
     let seen = registry.snapshot();
     assert_eq!(seen[0].polls, 1);
     assert_eq!(seen[0].poll, PollState::Awaiting);
-    assert_eq!(seen[0].last_poll_began, Some(seen[0].started));
+    let began = seen[0].last_poll_began.expect("polled once");
+    // Within the coarse clock's lag of the poll itself, however long the machine took
+    // to get there: not at the registration, QUEUED earlier.
+    assert!(
+        began + COARSE_LAG >= before_poll,
+        "dated {:?} before the poll",
+        before_poll - began
+    );
+    // (The epoch's coarse reading may trail its precise one by a tick, either way here.)
+    assert!(began <= after_poll + COARSE_LAG, "dated after the poll");
+    assert!(
+        began >= seen[0].started + QUEUED - COARSE_LAG,
+        "dated by the registration"
+    );
 }

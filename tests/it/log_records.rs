@@ -53,7 +53,10 @@ fn the_shipped_log_format_keeps_a_hang_report_with_its_stack_on_one_line() {
         "--reconcile-deadline=1s",
         "--watchdog-interval=100ms",
         "--stack-capture-after=300ms",
-        "--hang-for=2s",
+        // Long enough that the stack is captured before the hang ends, on a loaded
+        // machine too: the first capture of a debug binary loads its symbols (a second
+        // or more), and a poll that ends meanwhile discards the stack as stale.
+        "--hang-for=6s",
     ]);
     // The report with its stack, then its end: every line of it written by then.
     eventually(PATIENCE, "the hang's end", || {
