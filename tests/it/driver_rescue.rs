@@ -594,7 +594,7 @@ fn a_poll_on_the_block_on_thread_is_never_named_for_a_silent_worker() {
 /// Where tokio names each worker's thread: a reconcile inside `block_in_place` has
 /// handed its worker to another thread, and is never named for a worker that is silent
 /// meanwhile. (Without `--cfg tokio_unstable` only a poll that began before the worker
-/// last published is told apart: docs/diagnostics.md.)
+/// last published is told apart: docs/runtime-rescue.md.)
 #[cfg(tokio_unstable)]
 #[test]
 fn a_poll_inside_block_in_place_is_never_named_for_a_silent_worker() {

@@ -172,7 +172,7 @@ impl<'a> Rescuer<'a> {
                 // that polls inside a task: that leaves out the thread of a
                 // `block_on` (its future is no task), not one in `block_in_place`
                 // (whose poll began before its worker last published, unless the
-                // worker went silent since; see docs/diagnostics.md).
+                // worker went silent since; see docs/runtime-rescue.md).
                 _ => r.task_id.is_some() && thread.and_then(|t| t.runtime) == Some(runtime_id),
             };
             watch.holds(
